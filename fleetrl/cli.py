@@ -1,0 +1,49 @@
+"""The `fleetrl` command.
+
+    fleetrl serve <service> [options]   start one service (inference, trainer, reference, ...)
+    fleetrl demo                        run the loss/advantage/gate demo on hand-made vectors
+
+Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SERVICES = ("inference", "trainer", "reference", "controller", "gateway")
+
+
+def _serve(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: fleetrl serve {" + ",".join(SERVICES) + "} [options]")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SERVICES:
+        print(f"fleetrl serve: unknown service {name!r}; choose one of {', '.join(SERVICES)}")
+        return 2
+    launcher = importlib.import_module(f"fleetrl.services.{name}.launcher")
+    return int(launcher.main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["serve", "demo"], help="what to run")
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "serve":
+        return _serve(rest)
+    if command == "demo":
+        from fleetrl.demo import main as demo_main
+
+        return int(demo_main(rest) or 0)
+    parser.parse_args(argv)  # prints the usage error for an unknown command
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""Training datums: the one-position shift from a `RolloutSample` to model inputs and targets.
+
+For a sample of N tokens the model reads `tokens[:-1]` and predicts `tokens[1:]`, so every per-token
+quantity the trainer uses is target-aligned and has N-1 entries: `weights = loss_mask[1:]`,
+`rollout_logprobs = logprobs[1:]`. `collate` pads datums into `[B, T]` tensors (right padding).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fleetrl.rollout import RolloutSample
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One sample after the shift; every list has N-1 entries."""
+
+    input_tokens: list[int]
+    target_tokens: list[int]
+    weights: list[int]
+    rollout_logprobs: list[float]
+    versions: list[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_tokens)
+
+
+def build_datum(sample: RolloutSample) -> Datum:
+    """Shift a sample by one position: inputs `tokens[:-1]`, targets and weights from position 1."""
+    tokens = sample.tokens
+    return Datum(
+        input_tokens=list(tokens[:-1]),
+        target_tokens=list(tokens[1:]),
+        weights=[int(m) for m in sample.loss_mask[1:]],
+        rollout_logprobs=[float(x) for x in sample.logprobs[1:]],
+        versions=None if sample.versions is None else list(sample.versions[1:]),
+    )
+
+
+@dataclass
+class Batch:
+    """Padded tensors for B datums; T is the longest datum. Padding has weight 0."""
+
+    input_tokens_BT: torch.Tensor  # long
+    target_tokens_BT: torch.Tensor  # long
+    mask_BT: torch.Tensor  # float, 1 on trainable targets
+    rollout_logprobs_BT: torch.Tensor  # float
+    attention_mask_BT: torch.Tensor  # long, 1 on real positions
+    lengths_B: torch.Tensor  # long, N-1 per datum
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_tokens_BT.shape)  # type: ignore[return-value]
+
+
+def collate(datums: Sequence[Datum], pad_token_id: int = 0, pad_to: int | None = None) -> Batch:
+    """Right-pad datums into `[B, T]` tensors (T = longest datum, or `pad_to` if larger)."""
+    if not datums:
+        raise ValueError("collate: no datums to batch")
+    longest = max(len(d) for d in datums)
+    width = max(longest, pad_to or 0)
+    n = len(datums)
+    inputs = torch.full((n, width), pad_token_id, dtype=torch.long)
+    targets = torch.full((n, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.float32)
+    rollout = torch.zeros((n, width), dtype=torch.float32)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    for i, d in enumerate(datums):
+        k = len(d)
+        inputs[i, :k] = torch.tensor(d.input_tokens, dtype=torch.long)
+        targets[i, :k] = torch.tensor(d.target_tokens, dtype=torch.long)
+        mask[i, :k] = torch.tensor(d.weights, dtype=torch.float32)
+        rollout[i, :k] = torch.tensor(d.rollout_logprobs, dtype=torch.float32)
+        attention[i, :k] = 1
+    lengths = torch.tensor([len(d) for d in datums], dtype=torch.long)
+    return Batch(inputs, targets, mask, rollout, attention, lengths)
+
+
+def samples_to_batch(
+    samples: Sequence[RolloutSample], pad_token_id: int = 0, pad_to: int | None = None
+) -> Batch:
+    """Shift and pad a list of samples in one call."""
+    return collate([build_datum(s) for s in samples], pad_token_id=pad_token_id, pad_to=pad_to)
+
+
+def gather_target_logprobs(logits_BTV: torch.Tensor, targets_BT: torch.Tensor) -> torch.Tensor:
+    """Log-softmax of `logits` at the target ids: the trainer's target-aligned logprobs `[B, T]`."""
+    logprobs_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
+    return logprobs_BTV.gather(-1, targets_BT.unsqueeze(-1)).squeeze(-1)

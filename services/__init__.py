@@ -1,0 +1,1 @@
+"""fleetrl's services, one package per service, installed as `fleetrl.services.<name>`."""

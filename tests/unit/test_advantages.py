@@ -1,0 +1,39 @@
+import math
+
+import pytest
+
+from fleetrl.advantages import group_advantages
+
+
+def test_standardize_hand_vector():
+    adv = group_advantages([1, 0, 0, 1])
+    # mean 0.5, unbiased std sqrt(1/3) = 0.577 -> +-0.866
+    assert [round(a, 3) for a in adv] == [0.866, -0.866, -0.866, 0.866]
+
+
+def test_uniform_group_gives_zero_advantages():
+    assert group_advantages([0.3, 0.3, 0.3]) == [0.0, 0.0, 0.0]
+    assert group_advantages([2.0, 2.0], mode="center") == [0.0, 0.0]
+
+
+def test_center_mode_is_mean_centering_only():
+    assert group_advantages([1.0, 0.0, 0.0, 3.0], mode="center") == [0.0, -1.0, -1.0, 2.0]
+
+
+def test_group_of_one_is_dropped():
+    assert group_advantages([1.0]) is None
+    assert group_advantages([]) is None
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="advantage_mode"):
+        group_advantages([1, 2], mode="zscore")
+    with pytest.raises(ValueError, match="reward 1"):
+        group_advantages([1.0, math.nan])
+
+
+def test_standardized_advantages_sum_to_zero_and_unit_std():
+    adv = group_advantages([0.1, 0.7, 0.4, 1.9, -0.3])
+    assert abs(sum(adv)) < 1e-9
+    std = math.sqrt(sum(a * a for a in adv) / (len(adv) - 1))
+    assert abs(std - 1.0) < 1e-6
