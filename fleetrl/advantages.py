@@ -16,9 +16,7 @@ ADVANTAGE_MODES: tuple[str, ...] = ("standardize", "center")
 STD_EPS = 1e-8
 
 
-def group_advantages(
-    rewards: Sequence[float], mode: AdvantageMode = "standardize"
-) -> list[float] | None:
+def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "standardize") -> list[float] | None:
     """Advantages for one group of rewards; None for a group of fewer than two samples."""
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage_mode {mode!r} is not one of {ADVANTAGE_MODES}")

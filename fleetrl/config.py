@@ -69,9 +69,7 @@ class Config(BaseModel):
     advantage_mode: Literal["standardize", "center"] = Field(
         "standardize", description="Group advantage: (r-mean)/std, or mean-centering only."
     )
-    max_concurrency: int | None = Field(
-        None, description="C: rollout samples in flight at once; None = unbounded."
-    )
+    max_concurrency: int | None = Field(None, description="C: rollout samples in flight at once; None = unbounded.")
     rollout_extras: dict[str, Any] = Field(
         default_factory=dict, description="Free-form values handed to the rollout factory."
     )
@@ -108,9 +106,7 @@ class Config(BaseModel):
     stale_policy: StalePolicy = Field(
         "requeue", description="A group older than O at train time: requeue it, or train it."
     )
-    weight_sync_interval: int = Field(
-        1, ge=0, description="Publish weights every N optimizer batches; 0 = never."
-    )
+    weight_sync_interval: int = Field(1, ge=0, description="Publish weights every N optimizer batches; 0 = never.")
 
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
@@ -125,8 +121,7 @@ class Config(BaseModel):
                 data = {**data, "max_head_offpolicy_versions": 0}
             elif o != 0:
                 raise ValueError(
-                    "max_head_offpolicy_versions must be 0 (or unset) when synchronous_training is "
-                    f"true; got {o}"
+                    f"max_head_offpolicy_versions must be 0 (or unset) when synchronous_training is true; got {o}"
                 )
         return data
 
@@ -138,9 +133,7 @@ class Config(BaseModel):
         if g < 2:
             raise ValueError(f"completions_per_prompt must be >= 2 for group advantages, got {g}")
         if self.max_head_offpolicy_versions < 0:
-            raise ValueError(
-                f"max_head_offpolicy_versions must be >= 0, got {self.max_head_offpolicy_versions}"
-            )
+            raise ValueError(f"max_head_offpolicy_versions must be >= 0, got {self.max_head_offpolicy_versions}")
         if self.max_concurrency is not None and self.max_concurrency < g:
             raise ValueError(
                 f"max_concurrency ({self.max_concurrency}) must be >= completions_per_prompt ({g}):"
@@ -155,9 +148,7 @@ class Config(BaseModel):
             )
         batch = self.prompt_groups_per_step * g
         if self.num_minibatches > batch:
-            raise ValueError(
-                f"num_minibatches ({self.num_minibatches}) must be <= P*G = {batch} samples per step"
-            )
+            raise ValueError(f"num_minibatches ({self.num_minibatches}) must be <= P*G = {batch} samples per step")
         interval, o = self.weight_sync_interval, self.max_head_offpolicy_versions
         if interval > o + 1:
             raise ValueError(
@@ -165,9 +156,7 @@ class Config(BaseModel):
                 f"({o + 1}): rollouts would wait for weights that are not pushed yet"
             )
         if self.lr_warmup_steps and self.max_steps and self.lr_warmup_steps > self.max_steps:
-            raise ValueError(
-                f"lr_warmup_steps ({self.lr_warmup_steps}) must be <= max_steps ({self.max_steps})"
-            )
+            raise ValueError(f"lr_warmup_steps ({self.lr_warmup_steps}) must be <= max_steps ({self.max_steps})")
         return self
 
     @property

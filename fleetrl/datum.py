@@ -80,9 +80,7 @@ def collate(datums: Sequence[Datum], pad_token_id: int = 0, pad_to: int | None =
     return Batch(inputs, targets, mask, rollout, attention, lengths)
 
 
-def samples_to_batch(
-    samples: Sequence[RolloutSample], pad_token_id: int = 0, pad_to: int | None = None
-) -> Batch:
+def samples_to_batch(samples: Sequence[RolloutSample], pad_token_id: int = 0, pad_to: int | None = None) -> Batch:
     """Shift and pad a list of samples in one call."""
     return collate([build_datum(s) for s in samples], pad_token_id=pad_token_id, pad_to=pad_to)
 

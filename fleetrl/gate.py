@@ -46,9 +46,7 @@ class OffPolicyGate:
         if completions_per_prompt < 1:
             raise ValueError(f"completions_per_prompt must be >= 1, got {completions_per_prompt}")
         if max_head_offpolicy_versions < 0:
-            raise ValueError(
-                f"max_head_offpolicy_versions must be >= 0, got {max_head_offpolicy_versions}"
-            )
+            raise ValueError(f"max_head_offpolicy_versions must be >= 0, got {max_head_offpolicy_versions}")
         if max_concurrency is not None and max_concurrency < completions_per_prompt:
             raise ValueError(
                 f"max_concurrency ({max_concurrency}) must be >= completions_per_prompt "

@@ -86,9 +86,7 @@ def validate_sample(sample: RolloutSample) -> None:
         raise InvalidSampleError("tokens", f"negative token id {sample.tokens[bad_tok]} at {bad_tok}")
     bad_mask = next((i for i, m in enumerate(sample.loss_mask) if m not in (0, 1)), None)
     if bad_mask is not None:
-        raise InvalidSampleError(
-            "loss_mask", f"value {sample.loss_mask[bad_mask]} at {bad_mask}; must be 0 or 1"
-        )
+        raise InvalidSampleError("loss_mask", f"value {sample.loss_mask[bad_mask]} at {bad_mask}; must be 0 or 1")
     # Position 0 is never a target (the one-position shift), so a mask there trains nothing.
     if not any(sample.loss_mask[1:]):
         raise InvalidSampleError("loss_mask", "no masked (trainable) token after position 0")

@@ -28,7 +28,10 @@ def test_defaults_are_valid_and_described():
         ({"max_completion_tokens": 4096, "max_seq_len": 1024}, "max_completion_tokens"),
         ({"num_minibatches": 100}, "num_minibatches"),
         ({"weight_sync_interval": 5, "max_head_offpolicy_versions": 1}, "weight_sync_interval"),
-        ({"synchronous_training": True, "max_head_offpolicy_versions": 2}, "max_head_offpolicy_versions"),
+        (
+            {"synchronous_training": True, "max_head_offpolicy_versions": 2},
+            "max_head_offpolicy_versions",
+        ),
         ({"dual_clip_c": 0.5}, "dual_clip_c"),
         ({"loss_agg_mode": "mean"}, "loss_agg_mode"),
         ({"no_such_field": 1}, "no_such_field"),
@@ -84,3 +87,9 @@ def test_every_shipped_run_config_parses():
     shipped = [p for p in REPO.glob("examples/**/*.toml")] + [p for p in REPO.glob("configs/**/*.toml")]
     for path in shipped:
         Config.from_toml(path)
+
+
+def test_docs_list_every_field():
+    text = (REPO / "docs" / "config.md").read_text()
+    missing = [name for name in Config.model_fields if f"`{name}`" not in text]
+    assert not missing, f"docs/config.md does not document: {missing}"

@@ -52,5 +52,8 @@ def test_gather_target_logprobs_matches_log_softmax():
     logits = torch.tensor([[[0.0, 1.0, 2.0], [3.0, 0.0, 0.0]]])
     targets = torch.tensor([[2, 0]])
     out = gather_target_logprobs(logits, targets)
-    expected = [2.0 - torch.logsumexp(torch.tensor([0.0, 1, 2]), 0), 3.0 - torch.logsumexp(torch.tensor([3.0, 0, 0]), 0)]
+    expected = [
+        2.0 - torch.logsumexp(torch.tensor([0.0, 1, 2]), 0),
+        3.0 - torch.logsumexp(torch.tensor([3.0, 0, 0]), 0),
+    ]
     assert torch.allclose(out[0], torch.stack(expected))

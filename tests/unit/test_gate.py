@@ -4,8 +4,12 @@ from fleetrl.gate import GateError, OffPolicyGate
 
 
 def test_issue_vector_b4_g1_o1_c3():
-    gate = OffPolicyGate(prompt_groups_per_step=4, completions_per_prompt=1,
-                         max_head_offpolicy_versions=1, max_concurrency=3)
+    gate = OffPolicyGate(
+        prompt_groups_per_step=4,
+        completions_per_prompt=1,
+        max_head_offpolicy_versions=1,
+        max_concurrency=3,
+    )
     assert gate.batch_size == 4
     assert gate.capacity() == 3
     a = gate.try_admit()
@@ -20,8 +24,7 @@ def test_issue_vector_b4_g1_o1_c3():
 
 
 def test_o0_admits_no_row_of_batch_two_before_first_publish():
-    gate = OffPolicyGate(prompt_groups_per_step=2, completions_per_prompt=4,
-                         max_head_offpolicy_versions=0)
+    gate = OffPolicyGate(prompt_groups_per_step=2, completions_per_prompt=4, max_head_offpolicy_versions=0)
     rows = [gate.try_admit() for _ in range(2)]
     assert all(r is not None and r.submit_version == 0 for r in rows)
     assert gate.try_admit() is None  # a third row would belong to batch 2
@@ -43,8 +46,12 @@ def test_rejected_row_frees_capacity_for_a_replacement():
 
 
 def test_row_is_atomic_needs_g_samples_of_capacity():
-    gate = OffPolicyGate(prompt_groups_per_step=1, completions_per_prompt=4,
-                         max_head_offpolicy_versions=5, max_concurrency=6)
+    gate = OffPolicyGate(
+        prompt_groups_per_step=1,
+        completions_per_prompt=4,
+        max_head_offpolicy_versions=5,
+        max_concurrency=6,
+    )
     assert gate.try_admit() is not None
     assert gate.capacity() == 2
     assert gate.try_admit() is None  # 2 < G = 4
