@@ -1,0 +1,288 @@
+"""The row scheduler: leases rows against the off-policy gate, collects outcomes, and assembles steps.
+
+Life of a row: the cursor (or the requeue queue) yields it, the gate admits it at `submit_version`, a gateway
+holds it under a lease until it reports accepted (its group went to the trainer), rejected (dynamic filter, too
+few samples) or failed. Accepted groups fill steps of P groups in arrival order. Step k trains against version
+k-1; a group whose oldest token is more than O versions behind that is stale: with `stale_policy="requeue"` it is
+not trained and its row is leased again. An expired lease (a dead or hung gateway) requeues the row: nothing is
+lost, and the trainer deduplicates by row id, so nothing is trained twice.
+
+All methods take `now` (seconds) from the caller, so the logic is testable without clocks or sockets.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fleetrl.controller.dataset import CursorPosition, DatasetCursor
+from fleetrl.controller.journal import Journal
+from fleetrl.gate import OffPolicyGate
+
+Outcome = Literal["accepted", "rejected", "failed"]
+COUNTERS = (
+    "rows_leased",
+    "rows_accepted",
+    "rows_rejected",
+    "rows_failed",
+    "rows_requeued_stale",
+    "rows_requeued_expired",
+    "rows_requeued_failed",
+    "late_reports",
+)
+
+
+@dataclass(frozen=True)
+class Lease:
+    row_id: int
+    submit_version: int
+    deadline: float
+    gateway_id: str
+    row: dict[str, Any]
+    attempt: int
+
+
+@dataclass(frozen=True)
+class StepAssignment:
+    """Step `step` trains these rows (row_id, submit_version) against version `step - 1`."""
+
+    step: int
+    rows: tuple[tuple[int, int], ...]
+    version_offsets: tuple[int, ...]
+
+    @property
+    def row_ids(self) -> tuple[int, ...]:
+        return tuple(r for r, _ in self.rows)
+
+
+class RowScheduler:
+    def __init__(
+        self,
+        cursor: DatasetCursor,
+        gate: OffPolicyGate,
+        *,
+        prompt_groups_per_step: int,
+        stale_policy: Literal["requeue", "train"] = "requeue",
+        lease_timeout_s: float = 300.0,
+        max_attempts: int = 3,
+        journal: Journal | None = None,
+        max_steps: int | None = None,
+    ) -> None:
+        self.cursor = cursor
+        self.gate = gate
+        self.groups_per_step = prompt_groups_per_step
+        self.max_offpolicy = gate.max_offpolicy
+        self.stale_policy = stale_policy
+        self.lease_timeout_s = lease_timeout_s
+        self.max_attempts = max_attempts
+        self.journal = journal
+        self.max_steps = max_steps
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.leases: dict[int, Lease] = {}
+        self.queue: deque[int] = deque()  # row ids waiting to be leased again
+        self.attempts: dict[int, int] = {}
+        self.pending: list[tuple[int, int, int]] = []  # accepted groups: (row_id, submit_version, offset)
+        self.ready: deque[StepAssignment] = deque()
+        self.next_step = gate.version + 1  # the step the next full set of groups becomes
+        self.trained_steps = gate.version
+
+    # --- leasing ---------------------------------------------------------------------------------
+    def lease(self, gateway_id: str, max_rows: int, now: float) -> list[Lease]:
+        """Up to `max_rows` rows the gate admits now, requeued rows first."""
+        self.expire(now)
+        out: list[Lease] = []
+        while len(out) < max_rows and (self.max_steps is None or self._rows_committed() < self._row_budget()):
+            if not self.gate.can_admit():
+                break
+            if self.queue:
+                row_id = self.queue.popleft()
+                row = self.cursor.row(row_id)
+            else:
+                nxt = self.cursor.next()
+                if nxt is None:
+                    break
+                row_id, row = nxt
+            admission = self.gate.try_admit(row_id)
+            assert admission is not None  # can_admit() was checked above
+            attempt = self.attempts.get(row_id, 0) + 1
+            self.attempts[row_id] = attempt
+            lease = Lease(row_id, admission.submit_version, now + self.lease_timeout_s, gateway_id, row, attempt)
+            self.leases[row_id] = lease
+            self.counters["rows_leased"] += 1
+            self._journal_row(row_id, "leased", lease.submit_version)
+            out.append(lease)
+        self._commit()
+        return out
+
+    def _row_budget(self) -> int:
+        assert self.max_steps is not None
+        return self.max_steps * self.groups_per_step
+
+    def _rows_committed(self) -> int:
+        trained_or_waiting = self.trained_steps * self.groups_per_step + len(self.pending)
+        trained_or_waiting += sum(len(s.rows) for s in self.ready)
+        return trained_or_waiting + len(self.leases)
+
+    def expire(self, now: float) -> list[int]:
+        """Requeue every row whose lease deadline has passed."""
+        expired = [rid for rid, lease in self.leases.items() if lease.deadline <= now]
+        for row_id in expired:
+            del self.leases[row_id]
+            self.gate.resolve(row_id, accepted=False)
+            self.queue.append(row_id)
+            self.counters["rows_requeued_expired"] += 1
+            self._journal_row(row_id, "queued", -1)
+        self._commit()
+        return expired
+
+    # --- outcomes --------------------------------------------------------------------------------
+    def report(
+        self, row_id: int, outcome: Outcome, now: float, gateway_id: str | None = None, min_version: int | None = None
+    ) -> str:
+        """Record a row's outcome. Returns what happened: accepted, stale, rejected, retry, failed, late."""
+        lease = self.leases.get(row_id)
+        if lease is None or (gateway_id is not None and lease.gateway_id != gateway_id):
+            self.counters["late_reports"] += 1
+            return "late"
+        del self.leases[row_id]
+        if outcome == "accepted":
+            result = self._accept(lease, min_version)
+        elif outcome == "rejected":
+            self.gate.resolve(row_id, accepted=False)
+            self.counters["rows_rejected"] += 1
+            self._journal_row(row_id, "rejected", lease.submit_version)
+            result = "rejected"
+        elif outcome == "failed":
+            self.gate.resolve(row_id, accepted=False)
+            if lease.attempt < self.max_attempts:
+                self.queue.append(row_id)
+                self.counters["rows_requeued_failed"] += 1
+                self._journal_row(row_id, "queued", lease.submit_version)
+                result = "retry"
+            else:
+                self.counters["rows_failed"] += 1
+                self._journal_row(row_id, "failed", lease.submit_version)
+                result = "failed"
+        else:
+            raise ValueError(f"unknown outcome {outcome!r}; expected accepted, rejected or failed")
+        self._commit()
+        return result
+
+    def _accept(self, lease: Lease, min_version: int | None) -> str:
+        # The step this group would join, and the version that step trains against.
+        step = self.next_step + len(self.pending) // self.groups_per_step
+        oldest = lease.submit_version if min_version is None else min(min_version, lease.submit_version)
+        offset = (step - 1) - oldest
+        if offset > self.max_offpolicy and self.stale_policy == "requeue":
+            self.gate.resolve(lease.row_id, accepted=False)
+            self.queue.append(lease.row_id)
+            self.counters["rows_requeued_stale"] += 1
+            self._journal_row(lease.row_id, "queued", lease.submit_version)
+            return "stale"
+        self.gate.resolve(lease.row_id, accepted=True)
+        self.counters["rows_accepted"] += 1
+        self.pending.append((lease.row_id, lease.submit_version, offset))
+        self._journal_row(lease.row_id, "accepted", lease.submit_version)
+        self._form_steps()
+        return "accepted"
+
+    def _form_steps(self, final: bool = False) -> None:
+        while len(self.pending) >= self.groups_per_step or (final and self.pending):
+            take, self.pending = self.pending[: self.groups_per_step], self.pending[self.groups_per_step :]
+            step = self.next_step
+            self.next_step += 1
+            assignment = StepAssignment(step, tuple((r, v) for r, v, _ in take), tuple(o for _, _, o in take))
+            self.ready.append(assignment)
+            for row_id, version, _ in take:
+                self._journal_row(row_id, "assigned", version, step=step)
+            self._journal_state()
+
+    # --- steps -----------------------------------------------------------------------------------
+    def take_step(self) -> StepAssignment | None:
+        """The next complete step, or a final partial one once the data is used up and nothing is in flight."""
+        if not self.ready and self.pending and self._nothing_left_to_lease() and not self.leases:
+            self._form_steps(final=True)
+            self._commit()
+        return self.ready.popleft() if self.ready else None
+
+    def step_trained(self, assignment: StepAssignment) -> None:
+        """The trainer finished this step: its rows are trained (once)."""
+        self.trained_steps = max(self.trained_steps, assignment.step)
+        for row_id, version in assignment.rows:
+            self._journal_row(row_id, "trained", version, step=assignment.step, trained=1)
+        self._journal_state()
+        self._commit()
+
+    def publish(self, version: int) -> None:
+        """Version `version` is live on the inference replicas: the gate opens by one batch."""
+        self.gate.publish(version)
+        self._journal_state()
+        self._commit()
+
+    def _nothing_left_to_lease(self) -> bool:
+        budget_hit = self.max_steps is not None and self._rows_committed() >= self._row_budget()
+        return budget_hit or (self.cursor.exhausted() and not self.queue)
+
+    def finished(self) -> bool:
+        """Every row is resolved and every step handed out."""
+        return self._nothing_left_to_lease() and not self.leases and not self.pending and not self.ready
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            **{f"gate_{k}": v for k, v in self.gate.snapshot().items()},
+            "rows_in_flight": len(self.leases),
+            "rows_queued": len(self.queue),
+            "groups_pending": len(self.pending),
+            "steps_ready": len(self.ready),
+            "next_step": self.next_step,
+            "trained_steps": self.trained_steps,
+            "cursor_epoch": self.cursor.position.epoch,
+            "cursor_index": self.cursor.position.index,
+        }
+
+    # --- journal ---------------------------------------------------------------------------------
+    def _journal_row(self, row_id: int, status: str, version: int, step: int = -1, trained: int = 0) -> None:
+        if self.journal is not None:
+            self.journal.put_row(row_id, status, version, self.attempts.get(row_id, 0), step, trained)
+
+    def _journal_state(self) -> None:
+        if self.journal is None:
+            return
+        self.journal.set_state("version", self.gate.version)
+        self.journal.set_state("trained_steps", self.trained_steps)
+        self.journal.set_state("cursor", [self.cursor.position.epoch, self.cursor.position.index])
+        self.journal.set_state("counters", self.counters)
+
+    def _commit(self) -> None:
+        if self.journal is not None:
+            self._journal_state()
+            self.journal.commit()
+
+    @classmethod
+    def resume(
+        cls,
+        journal: Journal,
+        rows: list[dict[str, Any]],
+        gate_factory: Any,
+        cursor_kwargs: dict[str, Any],
+        **kwargs: Any,
+    ) -> RowScheduler:
+        """Rebuild from the journal: the published version, the cursor, and every row not yet trained or closed
+        goes back to the queue (steps restart after the last trained one)."""
+        state = journal.state()
+        version = int(state.get("version", 0))
+        epoch, index = state.get("cursor", [0, 0])
+        cursor = DatasetCursor(rows, position=CursorPosition(epoch, index), **cursor_kwargs)
+        scheduler = cls(cursor, gate_factory(version), journal=journal, **kwargs)
+        scheduler.trained_steps = int(state.get("trained_steps", 0))
+        scheduler.next_step = scheduler.trained_steps + 1
+        scheduler.counters.update(state.get("counters", {}))
+        for row_id, info in journal.rows().items():
+            scheduler.attempts[row_id] = int(info["attempts"])
+            if info["status"] not in ("trained", "rejected", "failed"):
+                scheduler.queue.append(row_id)
+                journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), -1, 0)
+        journal.commit()
+        return scheduler

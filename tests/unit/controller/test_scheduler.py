@@ -1,0 +1,130 @@
+from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.journal import Journal
+from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.gate import OffPolicyGate
+
+ROWS = [{"q": i} for i in range(8)]
+
+
+def make(p=2, g=2, o=1, journal=None, rows=ROWS, epochs=1, **kw):
+    cursor = DatasetCursor(rows, epochs=epochs, shuffle=False)
+    gate = OffPolicyGate(p, g, o)
+    return RowScheduler(cursor, gate, prompt_groups_per_step=p, journal=journal, **kw)
+
+
+def test_leases_bounded_by_gate_and_steps_form_in_order():
+    s = make(p=2, g=2, o=1)
+    leases = s.lease("gw", 10, now=0)
+    assert len(leases) == 4  # (v + O + 1) * B / G = 2 * 4 / 2 rows
+    assert {lease.submit_version for lease in leases} == {0}
+    for lease in leases[:2]:
+        assert s.report(lease.row_id, "accepted", now=1) == "accepted"
+    step = s.take_step()
+    assert step.step == 1 and step.row_ids == (0, 1) and step.version_offsets == (0, 0)
+    assert s.take_step() is None
+    assert s.lease("gw", 10, now=2) == []  # gate full until a version is published
+    s.step_trained(step)
+    s.publish(1)
+    assert len(s.lease("gw", 10, now=3)) == 2
+
+
+def test_expired_lease_requeues_row_and_late_report_is_ignored():
+    s = make(p=1, g=2, o=0, lease_timeout_s=10)
+    (lease,) = s.lease("gw-a", 5, now=0)
+    assert s.lease("gw-b", 5, now=5) == []
+    (again,) = s.lease("gw-b", 5, now=11)  # gw-a's lease expired
+    assert again.row_id == lease.row_id and again.attempt == 2
+    assert s.report(lease.row_id, "accepted", now=12, gateway_id="gw-a") == "late"
+    assert s.report(again.row_id, "accepted", now=12, gateway_id="gw-b") == "accepted"
+    assert s.counters["rows_requeued_expired"] == 1 and s.counters["late_reports"] == 1
+    assert s.take_step().row_ids == (lease.row_id,)
+
+
+def test_rejected_row_is_replaced_and_failed_row_retried_then_given_up():
+    s = make(p=1, g=2, o=0, max_attempts=2)
+    (a,) = s.lease("gw", 5, now=0)
+    assert s.report(a.row_id, "rejected", now=1) == "rejected"
+    (b,) = s.lease("gw", 5, now=1)
+    assert b.row_id != a.row_id  # a replacement row, the rejected one is closed
+    assert s.report(b.row_id, "failed", now=2) == "retry"
+    (c,) = s.lease("gw", 5, now=2)
+    assert c.row_id == b.row_id
+    assert s.report(c.row_id, "failed", now=3) == "failed"
+    assert s.counters["rows_rejected"] == 1 and s.counters["rows_failed"] == 1
+
+
+def test_stale_group_is_requeued_not_trained():
+    s = make(p=1, g=2, o=1)
+    leases = s.lease("gw", 5, now=0)  # two rows at version 0 (O=1)
+    assert len(leases) == 2
+    # The first group's tokens were (wrongly) produced by a replica two versions behind the second step.
+    s.report(leases[0].row_id, "accepted", now=1)
+    step1 = s.take_step()
+    s.step_trained(step1)
+    s.publish(1)
+    # leases[1] joins step 2 (trains against version 1); a token from version -1 would be 2 behind: stale.
+    assert s.report(leases[1].row_id, "accepted", now=2, min_version=-1) == "stale"
+    assert s.counters["rows_requeued_stale"] == 1
+    (again,) = [lease for lease in s.lease("gw", 5, now=3) if lease.row_id == leases[1].row_id]
+    assert again.submit_version == 1
+
+
+def test_stale_policy_train_keeps_the_group():
+    s = make(p=1, g=2, o=0, stale_policy="train")
+    (a,) = s.lease("gw", 5, now=0)
+    assert s.report(a.row_id, "accepted", now=1, min_version=-3) == "accepted"
+    assert s.take_step().version_offsets == (3,)
+
+
+def test_max_steps_limits_leases_and_final_partial_step():
+    s = make(p=2, g=2, o=3, max_steps=1)
+    assert len(s.lease("gw", 10, now=0)) == 2
+    s2 = make(p=2, g=2, o=3, rows=ROWS[:3])
+    leases = s2.lease("gw", 10, now=0)
+    assert len(leases) == 3
+    for lease in leases:
+        s2.report(lease.row_id, "accepted", now=1)
+    assert s2.take_step().row_ids == (0, 1)
+    last = s2.take_step()
+    assert last.row_ids == (2,)  # data used up, nothing in flight: the partial step is trained too
+    s2.step_trained(last)
+    assert s2.finished()
+
+
+def test_every_row_trained_once_or_closed_with_journal_resume(tmp_path):
+    journal = Journal(tmp_path / "ledger.sqlite")
+    s = make(p=2, g=2, o=1, journal=journal, rows=ROWS, lease_timeout_s=5)
+    leases = s.lease("gw", 10, now=0)
+    for lease in leases[:3]:
+        s.report(lease.row_id, "accepted", now=1)
+    step = s.take_step()
+    s.step_trained(step)
+    s.publish(1)
+    journal.close()
+
+    # The controller restarts: rows not yet trained return to the queue; version and cursor come back.
+    journal = Journal(tmp_path / "ledger.sqlite")
+    r = RowScheduler.resume(
+        journal,
+        ROWS,
+        gate_factory=lambda v: OffPolicyGate(2, 2, 1, version=v),
+        cursor_kwargs={"shuffle": False},
+        prompt_groups_per_step=2,
+    )
+    assert r.gate.version == 1 and r.next_step == 2
+    now = 10
+    while not r.finished():
+        for lease in r.lease("gw", 10, now=now):
+            r.report(lease.row_id, "rejected" if lease.row_id == 7 else "accepted", now=now)
+        while (st := r.take_step()) is not None:
+            r.step_trained(st)
+            r.publish(r.gate.version + 1)
+        now += 1
+        assert now < 100, "scheduler did not finish"
+    ledger = journal.rows()
+    assert set(ledger) == set(range(8))
+    for row_id, info in ledger.items():
+        if row_id == 7:
+            assert info["status"] == "rejected"
+        else:
+            assert info["status"] == "trained" and info["trained_count"] == 1
