@@ -1,0 +1,26 @@
+from fleetrl.gateway.groups import assemble_group, drop_uniform_rewards
+from fleetrl.rollout import RolloutSample
+
+
+def s(reward, versions=None, mask=(0, 1, 1)):
+    return RolloutSample([1, 2, 3], [0.0, -0.1, -0.2], list(mask), reward, versions=versions)
+
+
+def test_drops_none_errors_and_invalid_and_counts_them():
+    results = [s(1.0), None, ValueError("boom"), s(0.0, mask=(0, 0, 0)), "text", s(0.5)]
+    g = assemble_group(3, 1, results)
+    assert g.accepted and len(g.samples) == 2
+    assert g.dropped == {"none": 1, "error": 1, "invalid": 2}
+
+
+def test_too_few_samples_and_dynamic_filter_reject():
+    assert assemble_group(0, 0, [s(1.0), None]).reason == "only 1 valid samples (need 2)"
+    g = assemble_group(0, 0, [s(1.0), s(1.0)], dynamic_filter=drop_uniform_rewards)
+    assert not g.accepted and g.reason == "dynamic filter"
+    assert assemble_group(0, 0, [s(1.0), s(0.0)], dynamic_filter=drop_uniform_rewards).accepted
+
+
+def test_min_version_uses_generated_tokens_only():
+    g = assemble_group(0, 5, [s(1.0, versions=[0, 4, 5]), s(0.0, versions=[0, 5, 5])])
+    assert g.min_version == 4  # the prompt token's version 0 does not count
+    assert assemble_group(0, 5, [s(1.0), s(0.0)]).min_version == 5
