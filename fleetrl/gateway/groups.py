@@ -1,8 +1,9 @@
-"""Group assembly: G rollout results for one row -> a validated group, or the reason it is not sent.
+"""Group assembly: G rollout results for one row -> a `RolloutGroup` to send, or the reason it is not sent.
 
 Each result is a `RolloutSample`, None (the rollout chose to drop the sample), or an exception. Invalid samples
-are dropped and counted with the validation message; a group with fewer than `min_samples` survivors, or one
-the dynamic filter refuses (e.g. every reward equal: zero advantage, nothing to learn), is rejected.
+are dropped and counted with the validation message (`fleetrl.groups.split_valid`); a group with fewer than
+`min_samples` survivors, or one the dynamic filter refuses (e.g. every reward equal: zero advantage, nothing to
+learn), is rejected.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from fleetrl.rollout import InvalidSampleError, RolloutSample
+from fleetrl.groups import RolloutGroup, split_valid
+from fleetrl.rollout import RolloutSample
 
 log = logging.getLogger(__name__)
 DynamicFilter = Callable[[Sequence[RolloutSample]], bool]
@@ -25,20 +27,16 @@ def drop_uniform_rewards(samples: Sequence[RolloutSample]) -> bool:
 
 @dataclass
 class AssembledGroup:
-    row_id: int
-    submit_version: int
-    samples: list[RolloutSample]
+    group: RolloutGroup
     accepted: bool
     reason: str = ""
     dropped: Counter[str] = field(default_factory=Counter)
 
     @property
     def min_version(self) -> int:
-        """Oldest policy version behind any token of the group (the submit version when unknown)."""
-        versions = [
-            min(v for v, m in zip(s.versions, s.loss_mask, strict=True) if m) for s in self.samples if s.versions
-        ]
-        return min([self.submit_version, *versions])
+        """Oldest policy version behind any trainable token (the submit version when unknown or newer)."""
+        oldest = self.group.oldest_version()
+        return self.group.submit_version if oldest is None else min(oldest, self.group.submit_version)
 
 
 def assemble_group(
@@ -47,27 +45,27 @@ def assemble_group(
     results: Sequence[RolloutSample | BaseException | None],
     min_samples: int = 2,
     dynamic_filter: DynamicFilter | None = None,
+    source: str = "",
 ) -> AssembledGroup:
-    kept: list[RolloutSample] = []
+    candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
     for result in results:
         if result is None:
             dropped["none"] += 1
         elif isinstance(result, BaseException):
             dropped["error"] += 1
+        elif not isinstance(result, RolloutSample):
+            dropped["invalid"] += 1
+            log.warning("row %d: rollout returned %s, expected RolloutSample or None", row_id, type(result).__name__)
         else:
-            try:
-                kept.append(result.validate() if isinstance(result, RolloutSample) else _not_a_sample(result))
-            except InvalidSampleError as exc:
-                dropped["invalid"] += 1
-                log.warning("row %d: dropped an invalid sample: %s", row_id, exc)
-    group = AssembledGroup(row_id, submit_version, kept, accepted=True, dropped=dropped)
-    if len(kept) < min_samples:
-        group.accepted, group.reason = False, f"only {len(kept)} valid samples (need {min_samples})"
-    elif dynamic_filter is not None and not dynamic_filter(kept):
-        group.accepted, group.reason = False, "dynamic filter"
-    return group
-
-
-def _not_a_sample(value: object) -> RolloutSample:
-    raise InvalidSampleError("<type>", f"rollout returned {type(value).__name__}, expected RolloutSample or None")
+            candidates.append(result)
+    group = split_valid(RolloutGroup(row_id, submit_version, candidates, source=source))
+    for bad in group.dropped:
+        dropped["invalid"] += 1
+        log.warning("dropped an invalid sample: %s", bad.message)
+    out = AssembledGroup(group, accepted=True, dropped=dropped)
+    if len(group.samples) < min_samples:
+        out.accepted, out.reason = False, f"only {len(group.samples)} valid samples (need {min_samples})"
+    elif dynamic_filter is not None and not dynamic_filter(group.samples):
+        out.accepted, out.reason = False, "dynamic filter"
+    return out

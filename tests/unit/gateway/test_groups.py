@@ -9,7 +9,7 @@ def s(reward, versions=None, mask=(0, 1, 1)):
 def test_drops_none_errors_and_invalid_and_counts_them():
     results = [s(1.0), None, ValueError("boom"), s(0.0, mask=(0, 0, 0)), "text", s(0.5)]
     g = assemble_group(3, 1, results)
-    assert g.accepted and len(g.samples) == 2
+    assert g.accepted and len(g.group.samples) == 2
     assert g.dropped == {"none": 1, "error": 1, "invalid": 2}
 
 
