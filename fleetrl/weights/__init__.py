@@ -1,0 +1,21 @@
+"""The weight stream: the trainer publishes state dicts, inference servers fetch them (ZeroMQ).
+
+``publisher`` is the sending end, ``fetch`` the receiving end, ``protocol`` the wire format and
+``manifest`` the (pure) manifest, checksums and chunk plan.
+"""
+
+from fleetrl.weights.errors import WeightTransferError
+from fleetrl.weights.fetch import WeightStream, fetch_weights, iter_weights
+from fleetrl.weights.manifest import Manifest, TensorSpec, build_manifest
+from fleetrl.weights.publisher import WeightPublisher
+
+__all__ = [
+    "Manifest",
+    "TensorSpec",
+    "WeightPublisher",
+    "WeightStream",
+    "WeightTransferError",
+    "build_manifest",
+    "fetch_weights",
+    "iter_weights",
+]

@@ -1,0 +1,304 @@
+"""The receiving end of the weight stream: ``fetch_weights`` and ``iter_weights`` over ZeroMQ.
+
+A tensor of at most the publisher's ``chunk_bytes`` arrives as one message that the receiver keeps
+as the tensor's memory (zero-copy; it lands in fresh memory once). A larger tensor arrives in
+smaller pieces received straight into a preallocated tensor (``recv_into``); the pieces are small
+enough for the allocator to reuse their buffers. Every tensor is checked against its manifest
+checksum before it is handed out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from types import TracebackType
+
+import torch
+import zmq
+
+from fleetrl.weights.errors import WeightTransferError
+from fleetrl.weights.manifest import Chunk, Manifest, decode_manifest, new_hasher, plan_chunks
+from fleetrl.weights.protocol import PROTOCOL, RANGE, parse_error
+
+# Receiver credit: at most this many bytes and chunks requested but not yet received. Whole-tensor
+# chunks in flight cost no extra memory (they become the tensors); pieces of larger tensors are
+# small enough (below glibc's 32 MiB mmap threshold) that their buffers are reused.
+_WINDOW_BYTES = 256 << 20
+_WINDOW_CHUNKS = 64
+_SPLIT_BYTES = 8 << 20
+
+
+class WeightStream(Iterator[tuple[str, torch.Tensor]]):
+    """One fetch of one weight version, yielding ``(name, tensor)`` in manifest order.
+
+    The manifest is fetched (and checked) when the stream is created, so ``manifest`` is available
+    before the first tensor. Each tensor is yielded only after all its bytes arrived and, with
+    ``verify``, its checksum matched; a mismatch raises WeightTransferError instead. ``timeout_s``
+    bounds every wait for the publisher (``deadline``, a ``time.monotonic()`` value, optionally
+    bounds the whole fetch). Close it (or use ``with``) if you stop early.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        version: int,
+        *,
+        timeout_s: float = 120.0,
+        auth_token: str | None = None,
+        verify: bool = True,
+        deadline: float | None = None,
+    ) -> None:
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.address = address
+        self.version = version
+        self.verify = verify
+        self._timeout_s = float(timeout_s)
+        self._deadline = deadline
+        self._session_id: bytes | None = None
+        self._closed = False
+        self._socket = zmq.Context.instance().socket(zmq.DEALER)
+        self._socket.setsockopt(zmq.LINGER, 1000)  # lets the final "done" reach the publisher
+        self._socket.setsockopt(zmq.SNDTIMEO, max(1, int(self._timeout_s * 1000)))
+        try:
+            self._socket.connect(address)
+            self.manifest, self._chunk_bytes = self._request_manifest(auth_token)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise WeightTransferError(f"cannot fetch weights from {address!r}: {exc}", reason="connect") from exc
+        except BaseException:
+            self.close()
+            raise
+        self._chunks = plan_chunks(self.manifest, self._chunk_bytes, split_bytes=min(self._chunk_bytes, _SPLIT_BYTES))
+        self._next_request = 0
+        self._in_flight_chunks = 0
+        self._in_flight_bytes = 0
+        self._tensors = self._receive_tensors()
+
+    def __iter__(self) -> WeightStream:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self._closed:
+            raise StopIteration
+        try:
+            return next(self._tensors)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Tell the publisher this fetch is over and release the socket (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._session_id is not None:
+            # Best effort: the publisher also expires idle sessions.
+            with contextlib.suppress(zmq.ZMQError):
+                self._socket.send_multipart([PROTOCOL, b"done", self._session_id], zmq.NOBLOCK)
+        self._socket.close()
+
+    def __enter__(self) -> WeightStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"weight version {self.version} from {self.address}"
+
+    def _wait(self, what: str) -> None:
+        timeout = self._timeout_s
+        if self._deadline is not None:
+            timeout = min(timeout, self._deadline - time.monotonic())
+        if timeout <= 0 or not self._socket.poll(int(timeout * 1000) + 1, zmq.POLLIN):
+            raise WeightTransferError(
+                f"timed out waiting for {what} of {self._where()} (no reply within "
+                f"{max(timeout, 0):.1f}s; is the publisher running and reachable?)",
+                reason="timeout",
+            )
+
+    def _raise_error_reply(self, payload: bytes) -> None:
+        reason, message = parse_error(payload)
+        raise WeightTransferError(f"weight publisher at {self.address} refused the fetch: {message}", reason=reason)
+
+    def _request_manifest(self, auth_token: str | None) -> tuple[Manifest, int]:
+        request = json.dumps({"version": self.version, "auth_token": auth_token}).encode()
+        try:
+            self._socket.send_multipart([PROTOCOL, b"manifest", request])
+        except zmq.Again:
+            raise WeightTransferError(f"could not send the request for {self._where()}", reason="timeout") from None
+        self._wait("the manifest")
+        frames = self._socket.recv_multipart(zmq.NOBLOCK)
+        if frames[0] == b"error" and len(frames) == 2:
+            self._raise_error_reply(frames[1])
+        if frames[0] != b"manifest" or len(frames) != 4:
+            raise WeightTransferError(
+                f"unexpected reply to the manifest request for {self._where()}", reason="protocol"
+            )
+        self._session_id = frames[1]
+        try:
+            chunk_bytes = json.loads(frames[2])["chunk_bytes"]
+            if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
+                raise ValueError(f"chunk_bytes {chunk_bytes!r}")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WeightTransferError(f"bad transfer header for {self._where()}: {exc}", reason="protocol") from exc
+        manifest = decode_manifest(frames[3])
+        if manifest.version != self.version:
+            raise WeightTransferError(
+                f"asked for {self._where()} but the publisher sent version {manifest.version}",
+                reason="protocol",
+            )
+        return manifest, chunk_bytes
+
+    @staticmethod
+    def _range(chunk: Chunk) -> bytes:
+        return RANGE.pack(chunk.tensor_index, chunk.start, chunk.stop)
+
+    def _request_more(self) -> None:
+        """Keep requests in flight within the credit window (always at least one)."""
+        assert self._session_id is not None
+        while self._next_request < len(self._chunks):
+            chunk = self._chunks[self._next_request]
+            if self._in_flight_chunks and (
+                self._in_flight_chunks >= _WINDOW_CHUNKS or self._in_flight_bytes + chunk.nbytes > _WINDOW_BYTES
+            ):
+                return
+            try:
+                self._socket.send_multipart([PROTOCOL, b"chunk", self._session_id, self._range(chunk)])
+            except zmq.Again:
+                raise WeightTransferError(
+                    f"could not request chunk {chunk.index} of {self._where()}", reason="timeout"
+                ) from None
+            self._next_request += 1
+            self._in_flight_chunks += 1
+            self._in_flight_bytes += chunk.nbytes
+
+    def _receive_header(self, chunk: Chunk) -> str:
+        """Wait for the reply to ``chunk`` and read up to its data frame; returns its description."""
+        spec = self.manifest.tensors[chunk.tensor_index]
+        what = f"chunk {chunk.index} (tensor {spec.name!r})"
+        self._wait(what)
+        sock = self._socket
+        kind = sock.recv(zmq.NOBLOCK)
+        if kind == b"error" and sock.rcvmore:
+            self._raise_error_reply(sock.recv())
+        if kind != b"chunk" or not sock.rcvmore:
+            raise WeightTransferError(f"unexpected reply for {what} of {self._where()}", reason="protocol")
+        if sock.recv() != self._range(chunk) or not sock.rcvmore:
+            raise WeightTransferError(
+                f"out-of-order or malformed reply for {what} of {self._where()}",
+                reason="protocol",
+            )
+        self._in_flight_chunks -= 1
+        self._in_flight_bytes -= chunk.nbytes
+        return what
+
+    def _check_size(self, what: str, received: int, expected: int) -> None:
+        if received != expected or self._socket.rcvmore:
+            raise WeightTransferError(
+                f"incomplete transfer: {what} of {self._where()} carried {received} bytes, expected {expected}",
+                reason="incomplete",
+            )
+
+    def _receive_into(self, chunk: Chunk, target: memoryview) -> None:
+        """Receive ``chunk`` straight into ``target``, its slice of a preallocated tensor."""
+        what = self._receive_header(chunk)
+        self._check_size(what, self._socket.recv_into(target), len(target))
+
+    def _receive_whole(self, chunk: Chunk, itemsize: int) -> torch.Tensor:
+        """Receive a one-chunk tensor as uint8, keeping ZeroMQ's message as its memory.
+
+        Zero-copy: the tensor owns the received frame (writable, freed with the tensor); only a
+        frame whose address does not suit the dtype's alignment is copied.
+        """
+        what = self._receive_header(chunk)
+        frame = self._socket.recv(copy=False)
+        self._check_size(what, len(frame), chunk.nbytes)
+        flat = torch.frombuffer(frame, dtype=torch.uint8)
+        if flat.data_ptr() % itemsize:
+            flat = flat.clone()
+        return flat
+
+    def _receive_tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        chunks, next_chunk = self._chunks, 0
+        for tensor_index, spec in enumerate(self.manifest.tensors):
+            hasher = new_hasher() if self.verify else None
+            mine = []
+            while next_chunk < len(chunks) and chunks[next_chunk].tensor_index == tensor_index:
+                mine.append(chunks[next_chunk])
+                next_chunk += 1
+            self._request_more()
+            if len(mine) == 1:
+                flat = self._receive_whole(mine[0], spec.torch_dtype.itemsize)
+                # Ask for the next chunks before hashing so that the wire stays busy meanwhile.
+                self._request_more()
+                if hasher is not None:
+                    hasher.update(memoryview(flat.numpy()))
+            else:  # several chunks (or none): assemble in a preallocated tensor
+                flat = torch.empty(spec.nbytes, dtype=torch.uint8)
+                data = memoryview(flat.numpy())
+                for chunk in mine:
+                    self._request_more()
+                    target = data[chunk.start : chunk.stop]
+                    self._receive_into(chunk, target)
+                    self._request_more()
+                    if hasher is not None:
+                        hasher.update(target)
+            if hasher is not None and hasher.hexdigest() != spec.checksum:
+                raise WeightTransferError(
+                    f"checksum mismatch for tensor {spec.name!r} of {self._where()}: received "
+                    f"bytes hash to {hasher.hexdigest()}, the manifest says {spec.checksum}",
+                    reason="checksum",
+                )
+            yield spec.name, flat.view(spec.torch_dtype).reshape(spec.shape)
+
+
+def iter_weights(
+    address: str,
+    version: int,
+    *,
+    timeout_s: float = 120.0,
+    auth_token: str | None = None,
+    verify: bool = True,
+) -> WeightStream:
+    """Open a fetch of ``version``: ``.manifest`` at once, then ``(name, tensor)`` one by one.
+
+    Raises WeightTransferError right away for an unknown version, a refused token or no reply
+    within ``timeout_s``; while iterating, ``timeout_s`` bounds each wait for the publisher (time
+    the caller spends between items does not count).
+    """
+    return WeightStream(address, version, timeout_s=timeout_s, auth_token=auth_token, verify=verify)
+
+
+def fetch_weights(
+    address: str,
+    version: int,
+    *,
+    timeout_s: float = 120.0,
+    auth_token: str | None = None,
+    verify: bool = True,
+) -> tuple[Manifest, dict[str, torch.Tensor]]:
+    """Fetch all of ``version`` within ``timeout_s``; every tensor checked against the manifest."""
+    deadline = time.monotonic() + timeout_s
+    with WeightStream(
+        address,
+        version,
+        timeout_s=timeout_s,
+        auth_token=auth_token,
+        verify=verify,
+        deadline=deadline,
+    ) as stream:
+        tensors = dict(stream)
+        return stream.manifest, tensors

@@ -1,0 +1,347 @@
+"""The publishing end of the weight stream: ``WeightPublisher`` serves state dicts over ZeroMQ.
+
+The trainer calls ``publish(version, state_dict)``; a background thread answers any number of
+concurrent fetches (``fleetrl.weights.fetch``) following ``fleetrl.weights.protocol``. Tensor bytes
+are sent as memoryviews of the published snapshot with ``copy=False``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from secrets import token_bytes
+from types import TracebackType
+from typing import Any
+
+import torch
+import zmq
+
+from fleetrl.weights.errors import WeightTransferError
+from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
+from fleetrl.weights.protocol import PROTOCOL, RANGE, SESSION_ID_BYTES, error_frames
+
+logger = logging.getLogger(__name__)
+
+_POLL_MS = 100
+_MAX_SESSIONS = 1024
+
+
+@dataclass
+class _Snapshot:
+    """A published version as served: its manifest (also encoded) and the bytes of each tensor."""
+
+    manifest: Manifest
+    manifest_bytes: bytes
+    payloads: tuple[memoryview, ...]  # raw bytes of each tensor, views of `tensors`
+    tensors: tuple[torch.Tensor, ...]
+
+
+@dataclass
+class _Session:
+    snapshot: _Snapshot
+    peer: bytes
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class WeightPublisher:
+    """Serves the latest published weight versions to any number of concurrent receivers.
+
+    ``publish`` snapshots a state dict (a contiguous CPU copy, so the trainer may keep updating
+    its parameters) and makes it fetchable; the newest ``keep_versions`` versions stay available.
+    The serving loop runs in a background thread; if it fails, the failure is logged and raised
+    as WeightTransferError by the next ``publish`` or ``close``. With ``auth_token`` set, a fetch
+    without that token is refused.
+    """
+
+    def __init__(
+        self,
+        bind: str = "tcp://127.0.0.1:0",
+        *,
+        chunk_bytes: int = 1 << 30,
+        auth_token: str | None = None,
+        keep_versions: int = 2,
+        session_timeout_s: float = 300.0,
+        start_timeout_s: float = 10.0,
+    ) -> None:
+        if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
+            raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+        if not isinstance(keep_versions, int) or keep_versions < 1:
+            raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
+        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
+            raise ValueError("auth_token must be a non-empty string or None")
+        if session_timeout_s <= 0:
+            raise ValueError(f"session_timeout_s must be positive, got {session_timeout_s!r}")
+        self.chunk_bytes = chunk_bytes
+        self.keep_versions = keep_versions
+        self._bind = bind
+        self._auth_token = auth_token.encode() if auth_token is not None else None
+        self._session_timeout_s = session_timeout_s
+        self._lock = threading.Lock()
+        self._versions: OrderedDict[int, _Snapshot] = OrderedDict()  # guarded by _lock
+        self._sessions: dict[bytes, _Session] = {}  # serving thread only
+        self._latest: int | None = None
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self.address = ""
+        self._context = zmq.Context(io_threads=1)
+        self._thread = threading.Thread(target=self._serve, name="fleetrl-weight-publisher", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(start_timeout_s):
+            self._stop.set()
+            raise WeightTransferError(
+                f"weight publisher did not bind {bind!r} within {start_timeout_s}s",
+                reason="publisher",
+            )
+        if self._failure is not None:
+            self._thread.join(start_timeout_s)
+            self._context.term()
+            self._closed = True
+            raise WeightTransferError(
+                f"weight publisher cannot bind {bind!r}: {self._failure}", reason="publisher"
+            ) from self._failure
+
+    # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """The versions a new fetch can get, oldest first."""
+        with self._lock:
+            return tuple(self._versions)
+
+    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Manifest:
+        """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it."""
+        self._check_usable()
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+        if self._latest is not None and version <= self._latest:
+            raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
+        started = time.perf_counter()
+        snapshot = self._snapshot(version, state_dict)
+        with self._lock:
+            if self._latest is not None and version <= self._latest:
+                raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
+            self._versions[version] = snapshot
+            self._latest = version
+            while len(self._versions) > self.keep_versions:
+                self._versions.popitem(last=False)
+        manifest = snapshot.manifest
+        logger.info(
+            "published weights version %d: %d tensors, %.1f MB, checksum %s, in %.2fs",
+            version,
+            len(manifest.tensors),
+            manifest.total_bytes / 1e6,
+            manifest.checksum,
+            time.perf_counter() - started,
+        )
+        return manifest
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop serving and release the socket; raises if the serving loop had failed."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise WeightTransferError(f"weight publisher loop did not stop within {timeout_s}s", reason="publisher")
+        self._context.term()
+        with self._lock:
+            self._versions.clear()
+        if self._failure is not None:
+            raise WeightTransferError(
+                f"weight publisher serving loop failed: {self._failure!r}", reason="publisher"
+            ) from self._failure
+
+    def __enter__(self) -> WeightPublisher:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- test hook ----------------------------------------------------------------------------
+
+    def _chunk_payload(self, snapshot: _Snapshot, tensor_index: int, start: int, stop: int) -> Any:
+        """The bytes sent for a chunk (a view of the snapshot; tests override to corrupt them)."""
+        return snapshot.payloads[tensor_index][start:stop]
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise WeightTransferError(
+                f"weight publisher serving loop failed: {self._failure!r}", reason="publisher"
+            ) from self._failure
+        if self._closed:
+            raise WeightTransferError("weight publisher is closed", reason="publisher")
+
+    def _snapshot(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> _Snapshot:
+        if not isinstance(state_dict, Mapping):
+            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+        for name, tensor in state_dict.items():
+            if not isinstance(name, str):
+                raise TypeError(f"state dict keys must be strings, got {name!r}")
+            if not isinstance(tensor, torch.Tensor):
+                raise TypeError(f"state dict entry {name!r} is a {type(tensor).__name__}")
+            if tensor.layout != torch.strided:
+                raise ValueError(f"tensor {name!r} has layout {tensor.layout}; only dense travels")
+            try:
+                dtype_name(tensor.dtype)
+            except ValueError as exc:
+                raise ValueError(f"tensor {name!r}: {exc}") from None
+        tensors: list[torch.Tensor] = []
+        for tensor in state_dict.values():
+            # One copy from any device straight into fresh contiguous CPU memory.
+            copy = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+            copy.copy_(tensor.detach())
+            tensors.append(copy)
+        manifest = Manifest.build(
+            version,
+            tuple(spec_for_tensor(n, t) for n, t in zip(state_dict, tensors, strict=True)),
+        )
+        return _Snapshot(
+            manifest=manifest,
+            manifest_bytes=encode_manifest(manifest),
+            payloads=tuple(tensor_bytes(t) for t in tensors),
+            tensors=tuple(tensors),
+        )
+
+    def _serve(self) -> None:
+        sock = self._context.socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a drop
+            sock.bind(self._bind)
+            endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            self._failure = exc
+            self._ready.set()
+            return
+        self.address = endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
+        self._ready.set()
+        next_expiry = time.monotonic() + 1.0
+        try:
+            while not self._stop.is_set():
+                if sock.poll(_POLL_MS, zmq.POLLIN):
+                    # Drain a bounded batch so that stop and expiry checks still run under load.
+                    for _ in range(256):
+                        try:
+                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        self._handle(sock, frames)
+                now = time.monotonic()
+                if now >= next_expiry:
+                    self._expire_sessions(now)
+                    next_expiry = now + 1.0
+        except BaseException as exc:
+            logger.exception("weight publisher serving loop failed")
+            self._failure = exc
+        finally:
+            self._sessions.clear()
+            sock.close(linger=0)
+
+    def _send(self, sock: zmq.Socket, peer: bytes, frames: list[Any]) -> bool:
+        try:
+            sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError as exc:
+            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
+                raise
+            logger.warning("weight publisher: dropping reply to a receiver: %s", exc)
+            for session_id in [s for s, v in self._sessions.items() if v.peer == peer]:
+                del self._sessions[session_id]
+            return False
+        return True
+
+    def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        peer, body = frames[0], frames[1:]
+        if len(body) < 2 or body[0] != PROTOCOL:
+            self._send(sock, peer, error_frames("protocol", f"expected {PROTOCOL!r} requests"))
+            return
+        op, args = body[1], body[2:]
+        if op == b"chunk":
+            self._serve_chunk(sock, peer, args)
+        elif op == b"manifest":
+            self._serve_manifest(sock, peer, args)
+        elif op == b"done":
+            if args:
+                self._sessions.pop(args[0], None)
+        else:
+            self._send(sock, peer, error_frames("protocol", f"unknown request {op!r}"))
+
+    def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
+        try:
+            request = json.loads(args[0])
+            version = request["version"]
+            token = request.get("auth_token")
+            if not isinstance(version, int) or isinstance(version, bool):
+                raise TypeError("version is not an int")
+        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            self._send(sock, peer, error_frames("protocol", f"bad manifest request: {exc}"))
+            return
+        if self._auth_token is not None and not (
+            isinstance(token, str) and hmac.compare_digest(token.encode(), self._auth_token)
+        ):
+            what = "no auth token" if token is None else "a wrong auth token"
+            logger.warning("weight publisher: refused a fetch of version %s with %s", version, what)
+            message = f"the weight publisher requires an auth token and the fetch sent {what}"
+            self._send(sock, peer, error_frames("auth", message))
+            return
+        with self._lock:
+            snapshot = self._versions.get(version)
+            available = list(self._versions)
+        if snapshot is None:
+            message = f"weight version {version} is not available; the publisher has {available}"
+            self._send(sock, peer, error_frames("unknown_version", message))
+            return
+        if len(self._sessions) >= _MAX_SESSIONS:
+            message = f"the weight publisher has {_MAX_SESSIONS} fetches open; try again later"
+            self._send(sock, peer, error_frames("busy", message))
+            return
+        session_id = token_bytes(SESSION_ID_BYTES)
+        self._sessions[session_id] = _Session(snapshot, peer)
+        transfer = json.dumps({"chunk_bytes": self.chunk_bytes}).encode()
+        self._send(sock, peer, [b"manifest", session_id, transfer, snapshot.manifest_bytes])
+        logger.debug("weight publisher: serving version %d to a receiver", version)
+
+    def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
+        if len(args) != 2 or len(args[1]) != RANGE.size:
+            self._send(sock, peer, error_frames("protocol", "bad chunk request"))
+            return
+        session = self._sessions.get(args[0])
+        if session is None or session.peer != peer:
+            message = "unknown or expired fetch session (ask for the manifest again)"
+            self._send(sock, peer, error_frames("unknown_session", message))
+            return
+        tensor_index, start, stop = RANGE.unpack(args[1])
+        tensors = session.snapshot.manifest.tensors
+        if not (
+            tensor_index < len(tensors)
+            and start < stop <= tensors[tensor_index].nbytes
+            and stop - start <= self.chunk_bytes
+        ):
+            message = f"bad chunk request: tensor {tensor_index} bytes [{start}, {stop})"
+            self._send(sock, peer, error_frames("protocol", message))
+            return
+        session.last_seen = time.monotonic()
+        payload = self._chunk_payload(session.snapshot, tensor_index, start, stop)
+        self._send(sock, peer, [b"chunk", args[1], payload])
+
+    def _expire_sessions(self, now: float) -> None:
+        expired = [s for s, v in self._sessions.items() if now - v.last_seen > self._session_timeout_s]
+        for session_id in expired:
+            logger.info("weight publisher: dropping a fetch session idle for too long")
+            del self._sessions[session_id]
