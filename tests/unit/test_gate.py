@@ -82,9 +82,15 @@ def test_misuse_is_reported():
     gate = OffPolicyGate(1, 2, 1)
     with pytest.raises(GateError, match="not in flight"):
         gate.resolve(42, accepted=True)
-    with pytest.raises(GateError, match="expected v\\+1"):
-        gate.publish(5)
+    with pytest.raises(GateError, match="only move forward"):
+        gate.publish(0)
     with pytest.raises(ValueError, match="max_concurrency"):
         OffPolicyGate(1, 4, 1, max_concurrency=3)
     with pytest.raises(ValueError, match="max_head_offpolicy_versions"):
         OffPolicyGate(1, 4, -1)
+
+
+def test_publish_jump_adds_headroom_per_version():
+    gate = OffPolicyGate(1, 2, 1)
+    gate.publish(3)  # weights pushed every 3 steps
+    assert gate.staleness_capacity() == (3 + 1 + 1) * 2

@@ -1,0 +1,75 @@
+"""The member registry: who is in the run, who is alive, which inference replicas may be routed to.
+
+A member registers with a kind and an address and heartbeats; one silent for longer than
+`heartbeat_timeout_s` is dead. An inference replica that fails or times out a weight push is fenced: no rollouts
+are routed to it until a later push to it succeeds (it has caught up). Time comes from the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+MemberKind = Literal["gateway", "inference", "trainer", "reference"]
+MEMBER_KINDS: tuple[str, ...] = ("gateway", "inference", "trainer", "reference")
+
+
+@dataclass
+class Member:
+    kind: str
+    member_id: str
+    address: str
+    last_seen: float
+    version: int = 0
+    fenced: bool = False
+    fence_reason: str = ""
+
+    def alive(self, now: float, timeout_s: float) -> bool:
+        return now - self.last_seen <= timeout_s
+
+
+class MemberRegistry:
+    def __init__(self, heartbeat_timeout_s: float = 30.0) -> None:
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.members: dict[str, Member] = {}
+
+    def register(self, kind: str, member_id: str, address: str, now: float, version: int = 0) -> Member:
+        if kind not in MEMBER_KINDS:
+            raise ValueError(f"unknown member kind {kind!r}; expected one of {MEMBER_KINDS}")
+        if not member_id:
+            raise ValueError("member_id must not be empty")
+        if kind in ("inference", "trainer", "reference") and not address:
+            raise ValueError(f"a {kind} member must give the address it serves at")
+        existing = self.members.get(member_id)
+        if existing is not None and existing.kind == kind:
+            existing.address, existing.last_seen = address, now
+            return existing
+        member = Member(kind, member_id, address, now, version=version)
+        self.members[member_id] = member
+        return member
+
+    def heartbeat(self, member_id: str, now: float) -> bool:
+        member = self.members.get(member_id)
+        if member is None:
+            return False
+        member.last_seen = now
+        return True
+
+    def alive(self, kind: str, now: float) -> list[Member]:
+        return [m for m in self.members.values() if m.kind == kind and m.alive(now, self.heartbeat_timeout_s)]
+
+    def routable_replicas(self, now: float) -> list[Member]:
+        """Live inference replicas that are not fenced."""
+        return [m for m in self.alive("inference", now) if not m.fenced]
+
+    def fence(self, member_id: str, reason: str) -> None:
+        member = self.members[member_id]
+        member.fenced, member.fence_reason = True, reason
+
+    def loaded(self, member_id: str, version: int) -> None:
+        """A weight push to this replica succeeded: it serves `version` and is routable again."""
+        member = self.members[member_id]
+        member.version, member.fenced, member.fence_reason = version, False, ""
+
+    def dead(self, now: float) -> list[Member]:
+        return [m for m in self.members.values() if not m.alive(now, self.heartbeat_timeout_s)]

@@ -1,0 +1,78 @@
+"""Launcher of the version controller:
+
+    fleetrl serve controller --config run.toml [--rows rows.jsonl] [--trainer HOST:PORT]
+        [--inference HOST:PORT ...] [--grpc-port 50051] [--metrics-port 9401] [--resume] [--set key=value ...]
+
+Exits 0 when the data (or max_steps) is used up and the trainer has exported the final model, 1 on a run error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from fleetrl.launch_args import add_run_config_args, drop_unset, run_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetrl serve controller", description="Run the version controller.")
+    add_run_config_args(parser)
+    parser.add_argument("--rows", help="JSONL of rows (default: run.dataset)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051, 0 = pick)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9401, 0 = pick)")
+    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument("--trainer", help="HOST:PORT of the trainer's control gRPC")
+    parser.add_argument("--inference", action="append", default=[], help="HOST:PORT of an inference replica")
+    parser.add_argument("--journal", help="SQLite journal path (default <log_path>/controller.sqlite)")
+    parser.add_argument("--resume", action="store_true", help="resume from the journal")
+    parser.add_argument("--lease-timeout", type=float, help="seconds before an unreported row is requeued")
+    parser.add_argument("--heartbeat-timeout", type=float, help="seconds of silence before a member is dead")
+    parser.add_argument("--ready-file", help="write the bound addresses here as JSON once serving")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from fleetrl.config import ConfigError
+    from fleetrl.services.controller.config import ControllerConfig
+
+    try:
+        values = drop_unset(
+            {
+                "run": run_config_from_args(args),
+                "rows_path": args.rows,
+                "host": args.host,
+                "grpc_port": args.grpc_port,
+                "metrics_port": args.metrics_port,
+                "trainer_address": args.trainer,
+                "inference_addresses": args.inference or None,
+                "journal_path": args.journal,
+                "resume": args.resume or None,
+                "lease_timeout_s": args.lease_timeout,
+                "heartbeat_timeout_s": args.heartbeat_timeout,
+                "ready_file": args.ready_file,
+                "log_level": args.log_level,
+            }
+        )
+        if args.no_metrics:
+            values["metrics_port"] = None
+        config = ControllerConfig.build(values)
+    except (ConfigError, ValueError) as exc:
+        print(f"fleetrl serve controller: {exc}", file=sys.stderr)
+        return 2
+    from fleetrl.services.controller.server import serve
+    from fleetrl.telemetry import setup_logging
+
+    setup_logging(config.log_level, service="controller")
+    try:
+        return asyncio.run(serve(config))
+    except OSError as exc:
+        print(f"fleetrl serve controller: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

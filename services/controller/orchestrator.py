@@ -1,0 +1,261 @@
+"""The controller's run loop: hand complete steps to the trainer, push each new version to every replica,
+open the gate once it is live, and write one metrics line per step.
+
+It never reaches into gateways: they pull rows and report outcomes through the gRPC servicer, which shares the
+scheduler and registry with this loop on one asyncio event loop (so no locks are needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from fleetrl.config import Config
+from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.scheduler import RowScheduler, StepAssignment
+from fleetrl.rpc import open_channel
+from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on (trainer error, no replica, timeout); the message says which."""
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        run: Config,
+        scheduler: RowScheduler,
+        members: MemberRegistry,
+        *,
+        metrics_path: Path,
+        auth_token: str | None = None,
+        train_step_timeout_s: float = 1800.0,
+        weight_push_timeout_s: float = 300.0,
+        heartbeat_interval_s: float = 2.0,
+        start_timeout_s: float = 600.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.run_cfg = run
+        self.scheduler = scheduler
+        self.members = members
+        self.metrics_path = metrics_path
+        self.auth_token = auth_token
+        self.train_step_timeout_s = train_step_timeout_s
+        self.weight_push_timeout_s = weight_push_timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.start_timeout_s = start_timeout_s
+        self.clock = clock
+        self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
+        self.finished = False
+        self.error = ""
+        self.last_metrics: dict[str, float] = {}
+        self.groups_address = ""  # the trainer's rollout-group PULL address, from its Status
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._last_step_end = clock()
+        self._counters_at_last_step = dict(scheduler.counters)
+
+    # --- channels ------------------------------------------------------------------------------
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = open_channel(address, self.auth_token)
+        return self._channels[address]
+
+    def trainer_stub(self) -> trainer_pb2_grpc.TrainerStub:
+        trainers = self.members.alive("trainer", self.clock())
+        if not trainers:
+            raise RunFailed("no live trainer registered")
+        return trainer_pb2_grpc.TrainerStub(self._channel(trainers[0].address))
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    # --- membership polling --------------------------------------------------------------------
+    async def poll_members(self) -> None:
+        """Status-poll trainer and inference members: a reply counts as their heartbeat."""
+        now = self.clock()
+        for member in list(self.members.members.values()):
+            if member.kind not in ("inference", "trainer"):
+                continue
+            try:
+                if member.kind == "inference":
+                    stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+                    status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
+                    if status.loaded_version < self.scheduler.gate.version and not member.fenced:
+                        self.members.fence(member.member_id, f"serves version {status.loaded_version}")
+                else:
+                    stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
+                    status = await stub.Status(trainer_pb2.TrainerStatusRequest(), timeout=self.heartbeat_interval_s)
+                    self.groups_address = status.groups_address
+                self.members.heartbeat(member.member_id, now)
+            except grpc.aio.AioRpcError as exc:
+                log.debug("%s %s did not answer Status: %s", member.kind, member.member_id, exc.code().name)
+
+    async def _poll_forever(self) -> None:
+        while not self.finished:
+            await self.poll_members()
+            self.scheduler.expire(self.clock())
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+    async def wait_for_members(self) -> None:
+        deadline = self.clock() + self.start_timeout_s
+        while True:
+            await self.poll_members()
+            now = self.clock()
+            have_trainer = bool(self.members.alive("trainer", now))
+            have_replica = bool(self.members.routable_replicas(now))
+            if have_trainer and have_replica:
+                return
+            if now > deadline:
+                missing = [n for n, ok in (("trainer", have_trainer), ("inference replica", have_replica)) if not ok]
+                raise RunFailed(f"no {' and no '.join(missing)} within {self.start_timeout_s:.0f} s")
+            await asyncio.sleep(0.2)
+
+    # --- the loop ------------------------------------------------------------------------------
+    async def run(self) -> None:
+        poller = asyncio.create_task(self._poll_forever(), name="member-poller")
+        try:
+            await self.wait_for_members()
+            log.info("run started: version %d, %s", self.scheduler.gate.version, self.scheduler.snapshot())
+            while True:
+                if poller.done():
+                    poller.result()  # surface a poller crash
+                step = self.scheduler.take_step()
+                if step is None:
+                    if self.scheduler.finished():
+                        break
+                    self.wakeup.clear()
+                    try:
+                        await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
+                    except TimeoutError:
+                        self.scheduler.expire(self.clock())
+                    continue
+                await self.train_and_publish(step)
+            await self.finish()
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("run failed: %s", self.error)
+            raise
+        finally:
+            self.finished = True
+            poller.cancel()
+            await asyncio.gather(poller, return_exceptions=True)
+
+    async def train_and_publish(self, step: StepAssignment) -> None:
+        t_start = self.clock()
+        wait_time = t_start - self._last_step_end
+        position = json.dumps(
+            {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
+        )
+        request = trainer_pb2.TrainStepRequest(step=step.step, row_ids=list(step.row_ids), data_position=position)
+        try:
+            reply = await self.trainer_stub().TrainStep(request, timeout=self.train_step_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            raise RunFailed(f"trainer failed step {step.step}: {exc.code().name}: {exc.details()}") from None
+        t_trained = self.clock()
+        self.scheduler.step_trained(step)
+        weight_update_time = 0.0
+        if reply.published:
+            weight_update_time = await self.push_weights(reply.version, reply.weights_address)
+            self.scheduler.publish(reply.version)
+        elif self.run_cfg.weight_sync_interval == 0:
+            # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
+            self.scheduler.publish(reply.version)
+        t_end = self.clock()
+        self._last_step_end = t_end
+        self.write_metrics(step, reply, wait_time, t_trained - t_start, weight_update_time, t_end - t_start)
+
+    async def push_weights(self, version: int, source: str) -> float:
+        """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures."""
+        t0 = self.clock()
+        replicas = self.members.alive("inference", self.clock())
+        if not replicas:
+            raise RunFailed(f"no live inference replica to push version {version} to")
+
+        async def push(member: Any) -> None:
+            stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+            request = inference_pb2.LoadWeightsRequest(
+                version=version, source=source, timeout_s=self.weight_push_timeout_s
+            )
+            try:
+                reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+                self.members.loaded(member.member_id, reply.version)
+                log.info(
+                    "replica %s loaded version %d (transfer %.3f s, pause %.3f s)",
+                    member.member_id,
+                    reply.version,
+                    reply.transfer_s,
+                    reply.pause_s,
+                )
+            except grpc.aio.AioRpcError as exc:
+                reason = f"LoadWeights({version}) failed: {exc.code().name}: {exc.details()}"
+                self.members.fence(member.member_id, reason)
+                log.warning("fenced replica %s: %s", member.member_id, reason)
+
+        await asyncio.gather(*(push(m) for m in replicas))
+        if not self.members.routable_replicas(self.clock()):
+            raise RunFailed(f"every inference replica failed to load version {version}")
+        return self.clock() - t0
+
+    async def finish(self) -> None:
+        position = json.dumps(
+            {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
+        )
+        try:
+            reply = await self.trainer_stub().Finish(
+                trainer_pb2.FinishRequest(data_position=position), timeout=self.train_step_timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise RunFailed(f"trainer failed to finish: {exc.code().name}: {exc.details()}") from None
+        log.info("run finished at version %d; final model exported to %s", reply.version, reply.export_path)
+
+    # --- metrics -------------------------------------------------------------------------------
+    def write_metrics(
+        self, step: StepAssignment, reply: Any, wait: float, train: float, weight_update: float, total: float
+    ) -> None:
+        trainer_metrics = dict(reply.metrics)
+        samples = trainer_metrics.get("samples", 0.0)
+        tokens = trainer_metrics.get("tokens/total", 0.0)
+        line: dict[str, Any] = {"step": step.step, "version": int(reply.version)}
+        line.update(trainer_metrics)
+        offsets = step.version_offsets or (0,)
+        line["async/version_offset_mean"] = sum(offsets) / len(offsets)
+        line["async/version_offset_max"] = max(offsets)
+        step_time = wait + total
+        line.update(
+            {
+                "perf/step_time": step_time,
+                "perf/train_time": train,
+                "perf/train_wait_time": wait,
+                "perf/wait_time_ratio": wait / step_time if step_time > 0 else 0.0,
+                "perf/weight_update_time": weight_update,
+                "perf/step_samples_per_s": samples / step_time if step_time > 0 else 0.0,
+                "perf/step_tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
+            }
+        )
+        for key, value in self.scheduler.counters.items():
+            line[f"producer/{key}"] = value
+        self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+        log.info(
+            "step %d version %d reward %.3f offset_max %d wait %.2fs train %.2fs",
+            step.step,
+            reply.version,
+            line.get("reward/mean", float("nan")),
+            line["async/version_offset_max"],
+            wait,
+            train,
+        )

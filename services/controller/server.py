@@ -1,0 +1,150 @@
+"""Builds and runs the controller: journal + scheduler + registry + gRPC servicer + orchestrator loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fleetrl.controller.dataset import DatasetCursor, load_jsonl_rows
+from fleetrl.controller.journal import Journal
+from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.gate import OffPolicyGate
+from fleetrl.ready_file import write_ready_file
+from fleetrl.rpc import create_grpc_server
+from fleetrl.services.controller.config import ControllerConfig
+from fleetrl.services.controller.orchestrator import Orchestrator
+from fleetrl.services.controller.servicer import ControllerServicer
+from fleetrl.v1 import controller_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControllerServer:
+    config: ControllerConfig
+    server: grpc.aio.Server
+    port: int
+    scheduler: RowScheduler
+    members: MemberRegistry
+    orchestrator: Orchestrator
+    journal: Journal
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+
+def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
+    run = config.run
+    rows = load_jsonl_rows(config.rows_path or run.dataset or "", max_rows=run.max_rows)
+    kwargs = dict(
+        prompt_groups_per_step=run.prompt_groups_per_step,
+        stale_policy=run.stale_policy,
+        lease_timeout_s=config.lease_timeout_s,
+        max_attempts=config.max_row_attempts,
+        max_steps=run.max_steps,
+    )
+
+    def gate_at(version: int) -> OffPolicyGate:
+        return OffPolicyGate(
+            run.prompt_groups_per_step,
+            run.completions_per_prompt,
+            run.max_head_offpolicy_versions,
+            max_concurrency=None,  # concurrency is bounded per gateway (max_concurrency samples each)
+            synchronous=run.synchronous_training,
+            version=version,
+        )
+
+    cursor_kwargs = dict(epochs=run.epochs, shuffle=run.shuffle, seed=run.seed)
+    if config.resume and journal.state():
+        scheduler = RowScheduler.resume(journal, rows, gate_at, cursor_kwargs, **kwargs)
+        log.info("resumed from %s at version %d", journal.path, scheduler.gate.version)
+        return scheduler
+    return RowScheduler(DatasetCursor(rows, **cursor_kwargs), gate_at(0), journal=journal, **kwargs)
+
+
+def create_server(config: ControllerConfig) -> ControllerServer:
+    run = config.run
+    log_path = Path(run.log_path)
+    journal_path = Path(config.journal_path or log_path / "controller.sqlite")
+    if not config.resume and journal_path.exists():
+        journal_path.unlink()  # a fresh run starts a fresh ledger
+        for suffix in ("-wal", "-shm"):
+            Path(str(journal_path) + suffix).unlink(missing_ok=True)
+    journal = Journal(journal_path)
+    scheduler = build_scheduler(config, journal)
+    members = MemberRegistry(config.heartbeat_timeout_s)
+    now = time.time()
+    if config.trainer_address:
+        members.register("trainer", "trainer", config.trainer_address, now)
+    for i, address in enumerate(config.inference_addresses):
+        members.register("inference", f"inference-{i}", address, now, version=scheduler.gate.version)
+    orchestrator = Orchestrator(
+        run,
+        scheduler,
+        members,
+        metrics_path=Path(config.metrics_jsonl or log_path / "metrics.jsonl"),
+        auth_token=config.auth_token,
+        train_step_timeout_s=config.train_step_timeout_s,
+        weight_push_timeout_s=config.weight_push_timeout_s,
+        heartbeat_interval_s=config.heartbeat_interval_s,
+        start_timeout_s=config.start_timeout_s,
+    )
+    servicer = ControllerServicer(
+        scheduler, members, orchestrator, run_id=uuid.uuid4().hex[:12], heartbeat_interval_s=config.heartbeat_interval_s
+    )
+    server, port = create_grpc_server(
+        [lambda s: controller_pb2_grpc.add_ControllerServicer_to_server(servicer, s)],
+        host=config.host,
+        port=config.grpc_port,
+        auth_token=config.auth_token,
+    )
+    return ControllerServer(config, server, port, scheduler, members, orchestrator, journal)
+
+
+async def serve(config: ControllerConfig) -> int:
+    """Run until the data is used up (exit 0) or the run fails (exit 1)."""
+    from fleetrl.services.controller.metrics import ControllerMetrics
+    from fleetrl.telemetry import start_metrics_server
+
+    ctl = create_server(config)
+    await ctl.server.start()
+    metrics_server = None
+    if config.metrics_port is not None:
+        metrics_server = start_metrics_server(config.metrics_port, host=config.host)
+        ControllerMetrics(metrics_server.registry, ctl.scheduler, ctl.members, ctl.orchestrator)
+    if config.ready_file:
+        info = {"grpc_port": ctl.port, "address": ctl.address}
+        if metrics_server is not None:
+            info["metrics_port"] = metrics_server.port
+        write_ready_file(config.ready_file, info)
+    log.info("controller serving on %s", ctl.address)
+    loop = asyncio.get_running_loop()
+    run_task = asyncio.create_task(ctl.orchestrator.run(), name="orchestrator")
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, run_task.cancel)
+    code = 0
+    try:
+        await run_task
+    except asyncio.CancelledError:
+        log.info("controller stopped by signal")
+        code = 130
+    except Exception:
+        code = 1
+    finally:
+        # Let gateways see run_finished before the server goes away.
+        await asyncio.sleep(min(config.heartbeat_interval_s, 1.0))
+        await ctl.server.stop(grace=2.0)
+        await ctl.orchestrator.close()
+        ctl.journal.close()
+        if metrics_server is not None:
+            metrics_server.close()
+    return code

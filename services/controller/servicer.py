@@ -1,0 +1,131 @@
+"""The controller's gRPC servicer: a thin edge converting wire messages to scheduler and registry calls."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.v1 import controller_pb2, controller_pb2_grpc
+
+KIND_NAMES = {
+    controller_pb2.GATEWAY: "gateway",
+    controller_pb2.INFERENCE: "inference",
+    controller_pb2.TRAINER: "trainer",
+    controller_pb2.REFERENCE: "reference",
+}
+KIND_ENUMS = {v: k for k, v in KIND_NAMES.items()}
+OUTCOMES = {controller_pb2.ACCEPTED: "accepted", controller_pb2.REJECTED: "rejected", controller_pb2.FAILED: "failed"}
+
+
+class ControllerServicer(controller_pb2_grpc.ControllerServicer):
+    def __init__(
+        self,
+        scheduler: RowScheduler,
+        members: MemberRegistry,
+        orchestrator: Any,
+        *,
+        run_id: str,
+        heartbeat_interval_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.scheduler = scheduler
+        self.members = members
+        self.orchestrator = orchestrator
+        self.run_id = run_id
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.clock = clock
+
+    async def Register(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        kind = KIND_NAMES.get(request.kind)
+        if kind is None:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Register: kind must be set")
+        try:
+            self.members.register(kind, request.member_id, request.address, self.clock())
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register: {exc}")
+        return controller_pb2.RegisterResponse(heartbeat_interval_s=self.heartbeat_interval_s, run_id=self.run_id)
+
+    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        known = self.members.heartbeat(request.member_id, self.clock())
+        return controller_pb2.HeartbeatResponse(known=known, run_finished=self.orchestrator.finished)
+
+    async def LeaseRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        now = self.clock()
+        if not request.gateway_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LeaseRows: gateway_id must be set")
+        if not self.members.heartbeat(request.gateway_id, now):
+            self.members.register("gateway", request.gateway_id, "", now)
+        replicas = self.members.routable_replicas(now)
+        leases = (
+            []
+            if not replicas or self.orchestrator.finished
+            else self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
+        )
+        trainers = self.members.alive("trainer", now)
+        return controller_pb2.LeaseRowsResponse(
+            rows=[
+                controller_pb2.LeasedRow(
+                    row_id=lease.row_id,
+                    submit_version=lease.submit_version,
+                    lease_deadline_unix_s=lease.deadline,
+                    row_json=json.dumps(lease.row),
+                    attempt=lease.attempt,
+                )
+                for lease in leases
+            ],
+            run_finished=self.orchestrator.finished or self.scheduler.finished(),
+            retry_after_s=0.0 if leases else 0.2,
+            replicas=[
+                controller_pb2.Replica(member_id=m.member_id, address=m.address, version=m.version) for m in replicas
+            ],
+            groups_address=self.orchestrator.groups_address if trainers else "",
+            version=self.scheduler.gate.version,
+        )
+
+    async def ReportRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        now = self.clock()
+        self.members.heartbeat(request.gateway_id, now)
+        results = []
+        for report in request.reports:
+            outcome = OUTCOMES.get(report.outcome)
+            if outcome is None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReportRows: row {report.row_id} has no outcome")
+            min_version = None if report.min_version < 0 else report.min_version
+            results.append(self.scheduler.report(report.row_id, outcome, now, request.gateway_id or None, min_version))
+            for why, count in report.samples_dropped.items():
+                key = f"samples_dropped_{why}"
+                self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
+        self.orchestrator.wakeup.set()
+        return controller_pb2.ReportRowsResponse(results=results)
+
+    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        now = self.clock()
+        snap = self.scheduler.snapshot()
+        return controller_pb2.RunStatus(
+            run_id=self.run_id,
+            version=self.scheduler.gate.version,
+            trained_steps=self.scheduler.trained_steps,
+            max_steps=self.scheduler.max_steps or 0,
+            counters={k: int(v) for k, v in snap.items()},
+            members=[
+                controller_pb2.Member(
+                    kind=KIND_ENUMS[m.kind],
+                    member_id=m.member_id,
+                    address=m.address,
+                    alive=m.alive(now, self.members.heartbeat_timeout_s),
+                    fenced=m.fenced,
+                    version=m.version,
+                    last_seen_s_ago=now - m.last_seen,
+                )
+                for m in self.members.members.values()
+            ],
+            finished=self.orchestrator.finished,
+            error=self.orchestrator.error,
+            last_metrics=self.orchestrator.last_metrics,
+        )

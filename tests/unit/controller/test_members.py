@@ -1,0 +1,35 @@
+import pytest
+
+from fleetrl.controller.members import MemberRegistry
+
+
+def test_heartbeat_timeout_marks_dead_and_reregister_refreshes():
+    reg = MemberRegistry(heartbeat_timeout_s=10)
+    reg.register("gateway", "gw-1", "", now=0)
+    reg.register("inference", "inf-1", "127.0.0.1:1", now=0)
+    assert reg.heartbeat("gw-1", now=8)
+    assert [m.member_id for m in reg.alive("gateway", now=15)] == ["gw-1"]
+    assert reg.alive("inference", now=15) == []
+    assert [m.member_id for m in reg.dead(now=15)] == ["inf-1"]
+    reg.register("inference", "inf-1", "127.0.0.1:2", now=16)
+    assert reg.alive("inference", now=16)[0].address == "127.0.0.1:2"
+    assert not reg.heartbeat("unknown", now=16)
+
+
+def test_fenced_replica_is_not_routed_until_it_loads():
+    reg = MemberRegistry()
+    reg.register("inference", "a", "h:1", now=0)
+    reg.register("inference", "b", "h:2", now=0)
+    reg.fence("a", "LoadWeights(3) timed out")
+    assert [m.member_id for m in reg.routable_replicas(now=1)] == ["b"]
+    reg.loaded("a", 3)
+    assert {m.member_id for m in reg.routable_replicas(now=1)} == {"a", "b"}
+    assert reg.members["a"].version == 3
+
+
+def test_bad_registration_is_named():
+    reg = MemberRegistry()
+    with pytest.raises(ValueError, match="unknown member kind"):
+        reg.register("worker", "x", "", now=0)
+    with pytest.raises(ValueError, match="address"):
+        reg.register("inference", "x", "", now=0)
