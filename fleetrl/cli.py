@@ -1,7 +1,9 @@
 """The `fleetrl` command.
 
-    fleetrl serve <service> [options]   start one service (inference, trainer, reference, ...)
-    fleetrl demo                        run the loss/advantage/gate demo on hand-made vectors
+    fleetrl up run.toml [--set k=v]     run every service locally and train (the embedded default)
+    fleetrl serve <service> [options]   start one service (inference, trainer, reference, controller, gateway)
+    fleetrl status [HOST:PORT]          print a running controller's state
+    fleetrl demo                        the foundation's pure logic learning a toy task (no services)
 
 Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast.
 """
@@ -30,13 +32,21 @@ def _serve(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["serve", "demo"], help="what to run")
+    parser.add_argument("command", choices=["up", "serve", "status", "demo"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
     command, rest = argv[0], argv[1:]
     if command == "serve":
         return _serve(rest)
+    if command == "up":
+        from fleetrl.up.run import main as up_main
+
+        return up_main(rest)
+    if command == "status":
+        from fleetrl.up.status import main as status_main
+
+        return status_main(rest)
     if command == "demo":
         from fleetrl.demo import main as demo_main
 

@@ -8,6 +8,7 @@ Cross-field rules are validators whose errors name the offending field; a bad co
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -176,15 +177,10 @@ class Config(BaseModel):
 
     @classmethod
     def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
-        """Load a TOML file (top-level keys, or a [run] table); `overrides` win over the file."""
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-        data = dict(data.get("run", data))
+        """Load a TOML file (top-level keys, or a [run] table; a .json file works the same way);
+        `overrides` win over the file."""
+        tables = read_config_file(path)
+        data = dict(tables.get("run", tables))
         data.update(overrides or {})
         return cls.load(data, source=str(path))
 
@@ -195,6 +191,24 @@ class Config(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The tables of a TOML (or JSON) config file; `ConfigError` naming the file when it cannot be read."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    if path.suffix == ".json":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: not valid JSON: {exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

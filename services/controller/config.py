@@ -17,7 +17,7 @@ class ControllerConfig(BaseModel):
     run: Config = Field(..., description="The run config (dataset, P, G, O, intervals, ...).")
     rows_path: str | None = Field(None, description="JSONL of rows; None = run.dataset.")
     host: str = Field("127.0.0.1", description="Address the gRPC server binds to.")
-    grpc_port: int = Field(50051, ge=0, le=65535, description="Controller gRPC port (0 = pick).")
+    grpc_port: int = Field(50050, ge=0, le=65535, description="Controller gRPC port (0 = pick).")
     metrics_port: int | None = Field(9401, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")
     trainer_address: str = Field("", description="HOST:PORT of the trainer's control gRPC (or it registers).")
     inference_addresses: list[str] = Field(

@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(parser)
     parser.add_argument("--rows", help="JSONL of rows (default: run.dataset)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
-    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051, 0 = pick)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50050, 0 = pick)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9401, 0 = pick)")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument("--trainer", help="HOST:PORT of the trainer's control gRPC")

@@ -58,7 +58,7 @@ def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
             run.prompt_groups_per_step,
             run.completions_per_prompt,
             run.max_head_offpolicy_versions,
-            max_concurrency=None,  # concurrency is bounded per gateway (max_concurrency samples each)
+            max_concurrency=run.max_concurrency,
             synchronous=run.synchronous_training,
             version=version,
         )

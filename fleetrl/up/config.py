@@ -1,0 +1,39 @@
+"""`UpConfig`: how `fleetrl up` lays out the services on one machine (the `[up]` table of run.toml)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleetrl.config import ConfigError, read_config_file
+
+
+class UpConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rollout: str = Field(..., description="Rollout factory: 'module:make_rollout_fn' or 'path/file.py:attr'.")
+    dynamic_filter: str | None = Field(None, description="'uniform' (drop equal-reward groups) or 'module:fn'.")
+    engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine of every replica.")
+    replicas: int = Field(1, ge=1, description="Inference replicas.")
+    gateways: int = Field(1, ge=1, description="Rollout gateways.")
+    controller_address: str | None = Field(
+        None, description="Attach to a controller already running there: start only gateways."
+    )
+    auth_token: str | None = Field(None, description="Shared token for every service; None = $FLEETRL_AUTH_TOKEN.")
+    startup_timeout_s: float = Field(600.0, gt=0, description="Each service must be ready within this.")
+    inference_args: list[str] = Field(default_factory=list, description="Extra flags for each inference replica.")
+    trainer_args: list[str] = Field(default_factory=list, description="Extra flags for the trainer.")
+    gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
+    max_gateway_restarts: int = Field(5, ge=0, description="Crashed gateways replaced at most this many times.")
+
+    @classmethod
+    def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> UpConfig:
+        data = dict(read_config_file(path).get("up", {}))
+        data.update(overrides or {})
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            lines = [f"up.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            raise ConfigError(f"{path}: invalid [up] table: " + "; ".join(lines)) from None

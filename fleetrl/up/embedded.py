@@ -1,0 +1,71 @@
+"""`fleetrl.main(cfg, rollout_fn_factory=..., rows=...)`: the Fireworks-cookbook entry point, run with `fleetrl up`.
+
+    from fleetrl import Config, main
+    if __name__ == "__main__":      # required: services start as child processes
+        main(Config(base_model="./tiny", ...), rollout_fn_factory=make_rollout_fn, rows=rows)
+
+The factory must be importable by the gateways (a module-level function, in a module or in the script itself);
+rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fleetrl.config import Config, ConfigError
+from fleetrl.up.config import UpConfig
+
+
+def factory_spec(factory: Any) -> str:
+    """'module:attr' (or 'script.py:attr' for the __main__ script) naming a module-level callable."""
+    if isinstance(factory, str):
+        return factory
+    qualname = getattr(factory, "__qualname__", "")
+    module = getattr(factory, "__module__", None)
+    if not qualname or "<" in qualname or "." in qualname or module is None:
+        raise ConfigError(
+            f"rollout_fn_factory {factory!r} must be a module-level function (not a lambda, closure or method) so "
+            "the gateway processes can import it"
+        )
+    if module == "__main__":
+        script = getattr(sys.modules["__main__"], "__file__", None)
+        if script is None:
+            raise ConfigError("rollout_fn_factory is defined in an interactive session; put it in a file")
+        return f"{Path(script).resolve()}:{qualname}"
+    return f"{module}:{qualname}"
+
+
+def main(
+    cfg: Config,
+    rollout_fn_factory: Any,
+    rows: Iterable[dict[str, Any]] | None = None,
+    *,
+    dynamic_filter_fn: Any = None,
+    **up_options: Any,
+) -> int:
+    """Run the whole training with every service as a local process; returns the exit code (0 = success)."""
+    from fleetrl.up.run import launch
+
+    log_dir = Path(cfg.log_path)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    run_data = cfg.model_dump(mode="json", exclude_none=False)
+    if rows is not None:
+        rows_path = log_dir / "rows.jsonl"
+        with open(rows_path, "w", encoding="utf-8") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        run_data["dataset"] = str(rows_path)
+    up_data: dict[str, Any] = {"rollout": factory_spec(rollout_fn_factory), **up_options}
+    if dynamic_filter_fn is not None:
+        up_data["dynamic_filter"] = (
+            dynamic_filter_fn if isinstance(dynamic_filter_fn, str) else factory_spec(dynamic_filter_fn)
+        )
+    config_path = log_dir / "run_config.json"
+    config_path.write_text(json.dumps({"run": run_data, "up": up_data}, indent=2))
+    run = Config.from_toml(config_path)
+    up = UpConfig.from_file(config_path)
+    return launch(config_path, [], run, up)

@@ -1,0 +1,55 @@
+"""The progress line of `fleetrl up`: reads metrics.jsonl as the controller appends to it."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+class Progress:
+    def __init__(self, metrics_path: Path, max_steps: int | None, stream: Any = None) -> None:
+        self.path = metrics_path
+        self.max_steps = max_steps
+        self.stream = stream or sys.stdout
+        self.offset = 0
+        self.start = time.monotonic()
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.last: dict[str, Any] = {}
+
+    def update(self, final: bool = False) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete, _, _rest = chunk.rpartition("\n")
+        if not complete:
+            return
+        self.offset += len(complete) + 1
+        for line in complete.splitlines():
+            self.last = json.loads(line)
+            self._show(self.last)
+        if final and self.tty:
+            self.stream.write("\n")
+
+    def _show(self, m: dict[str, Any]) -> None:
+        step = m.get("step", 0)
+        total = self.max_steps
+        bar = ""
+        if total:
+            done = int(20 * min(step, total) / total)
+            bar = f"[{'#' * done}{'.' * (20 - done)}] "
+        text = (
+            f"{bar}step {step}{'/' + str(total) if total else ''}  v{m.get('version', 0)}  "
+            f"reward {m.get('reward/mean', float('nan')):.3f}  "
+            f"offset {m.get('async/version_offset_mean', 0):.2f}/{m.get('async/version_offset_max', 0)}  "
+            f"{m.get('perf/step_samples_per_s', 0):.1f} samples/s  {time.monotonic() - self.start:.0f}s"
+        )
+        if self.tty:
+            self.stream.write("\r" + text.ljust(100))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()

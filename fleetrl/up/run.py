@@ -1,0 +1,219 @@
+"""`fleetrl up run.toml`: start controller, inference replicas, reference (when kl_beta > 0), trainer and gateways
+as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
+
+    fleetrl up examples/arithmetic/run.toml [--set key=value ...]
+
+Each child's log is `<log_path>/<service>.log`. A crashed service stops the run with its log tail and a non-zero
+exit; a crashed gateway is replaced (unless its circuit breaker opened: the rollout function is broken).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fleetrl.config import Config, ConfigError, parse_override
+from fleetrl.up.config import UpConfig
+from fleetrl.up.progress import Progress
+from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
+
+EXIT_CIRCUIT_OPEN = 3
+
+
+def _rollout_spec(spec: str, config_dir: Path) -> str:
+    """A file path in the spec is taken relative to the run config's folder."""
+    module, _, attr = spec.rpartition(":")
+    if module.endswith(".py") and not Path(module).is_absolute():
+        module = str((config_dir / module).resolve())
+    return f"{module}:{attr}"
+
+
+def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig) -> int:
+    log_dir = Path(run.log_path)
+    metrics_path = log_dir / "metrics.jsonl"
+    metrics_path.unlink(missing_ok=True)
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(config_path.parent.resolve()), os.environ.get("PYTHONPATH")]))
+    }
+    if up.auth_token:
+        env["FLEETRL_AUTH_TOKEN"] = up.auth_token
+    sup = Supervisor(log_dir, env)
+    common = ["--config", str(config_path), *[a for s in sets for a in ("--set", s)]]
+    stop_requested: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop_requested.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        controller = _start_stack(sup, common, run, up, config_path) if up.controller_address is None else None
+        controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
+        gateway_argv = [
+            *common,
+            "--rollout",
+            _rollout_spec(up.rollout, config_path.parent),
+            "--controller",
+            controller_address,
+            "--metrics-port",
+            "0",
+            *up.gateway_args,
+        ]
+        if up.dynamic_filter:
+            gateway_argv += ["--dynamic-filter", up.dynamic_filter]
+        gateways = [sup.start(f"gateway-{i}", "gateway", gateway_argv, ready=False) for i in range(up.gateways)]
+        return _watch(sup, controller, gateways, gateway_argv, up, metrics_path, run, stop_requested)
+    except ServiceFailed as exc:
+        print(
+            f"fleetrl up: {exc}\n--- last lines of {exc.child.log_path} ---\n{log_tail(exc.child.log_path)}",
+            file=sys.stderr,
+        )
+        return 1
+    finally:
+        sup.stop_all()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, config_path: Path) -> Child:
+    t = up.startup_timeout_s
+    model = ["--model", run.base_model]
+    replicas = [
+        sup.start(
+            f"inference-{i}",
+            "inference",
+            [
+                *model,
+                "--engine",
+                up.engine,
+                "--grpc-port",
+                "0",
+                "--http-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--seed",
+                str(run.seed + i),
+                *up.inference_args,
+            ],
+        )
+        for i in range(up.replicas)
+    ]
+    reference_args: list[str] = []
+    if run.kl_beta > 0:
+        reference = sup.start("reference", "reference", [*model, "--grpc-port", "0", "--metrics-port", "0"])
+        info = sup.wait_ready(reference, t)
+        reference_args = ["--reference", f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"]
+    trainer = sup.start(
+        "trainer",
+        "trainer",
+        [
+            *common,
+            "--grpc-port",
+            "0",
+            "--groups-port",
+            "0",
+            "--weights-port",
+            "0",
+            "--metrics-port",
+            "0",
+            *reference_args,
+            *up.trainer_args,
+        ],
+    )
+    trainer_info = sup.wait_ready(trainer, t)
+    inference_flags = []
+    for replica in replicas:
+        info = sup.wait_ready(replica, t)
+        inference_flags += ["--inference", f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"]
+    controller = sup.start(
+        "controller",
+        "controller",
+        [
+            *common,
+            "--trainer",
+            f"{trainer_info.get('host', '127.0.0.1')}:{trainer_info['grpc_port']}",
+            *inference_flags,
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ],
+    )
+    sup.wait_ready(controller, t)
+    return controller
+
+
+def _watch(
+    sup: Supervisor,
+    controller: Child | None,
+    gateways: list[Child],
+    gateway_argv: list[str],
+    up: UpConfig,
+    metrics_path: Path,
+    run: Config,
+    stop_requested: list[int],
+) -> int:
+    progress = Progress(metrics_path, run.max_steps)
+    restarts = 0
+    while True:
+        progress.update()
+        if stop_requested:
+            print(f"\nfleetrl up: signal {stop_requested[0]}: stopping every service", file=sys.stderr)
+            return 130
+        for child in sup.children:
+            code = child.poll()
+            if code is None or child is controller:
+                continue
+            if child.kind == "gateway":
+                if code == 0:
+                    continue
+                if code == EXIT_CIRCUIT_OPEN:
+                    raise ServiceFailed(
+                        child, f"{child.name}: circuit breaker open (the rollout function keeps failing)"
+                    )
+                if restarts >= up.max_gateway_restarts:
+                    raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")
+                restarts += 1
+                sup.children.remove(child)
+                name = f"gateway-r{restarts}"
+                print(f"\nfleetrl up: {child.name} exited with {code}; starting {name}", file=sys.stderr)
+                gateways.append(sup.start(name, "gateway", gateway_argv, ready=False))
+            else:
+                raise ServiceFailed(child, f"{child.name} exited with code {code}")
+        if controller is not None and (code := controller.poll()) is not None:
+            progress.update(final=True)
+            if code != 0:
+                raise ServiceFailed(controller, f"controller exited with code {code}")
+            _wait_gateways(gateways)
+            print(f"fleetrl up: run finished; metrics in {metrics_path}")
+            return 0
+        if controller is None and all(g.poll() is not None for g in gateways):
+            return 0 if all(g.poll() == 0 for g in gateways) else 1
+        time.sleep(0.25)
+
+
+def _wait_gateways(gateways: list[Child], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(g.poll() is None for g in gateways):
+        time.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleetrl up", description="Run every fleetrl service locally.")
+    parser.add_argument("config", type=Path, help="run.toml with a [run] and an [up] table")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
+    args = parser.parse_args(argv)
+    try:
+        run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
+        up = UpConfig.from_file(args.config)
+        if not run.base_model and up.controller_address is None:
+            raise ConfigError("run.base_model: the model to train is required")
+    except ConfigError as exc:
+        print(f"fleetrl up: {exc}", file=sys.stderr)
+        return 2
+    return launch(args.config, args.set, run, up)

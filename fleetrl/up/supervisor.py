@@ -1,0 +1,103 @@
+"""Child processes of `fleetrl up`: start with logs in files, wait for ready files, stop cleanly, show log tails."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetrl.ready_file import wait_ready_file
+
+
+@dataclass
+class Child:
+    name: str
+    kind: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    ready_file: Path | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class Supervisor:
+    """Starts `python -m fleetrl.cli serve ...` children and stops them all (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.children: list[Child] = []
+        self.env = {**os.environ, **(env or {})}
+
+    def start(self, name: str, kind: str, args: list[str], ready: bool = True) -> Child:
+        ready_file = self.log_dir / "ready" / f"{name}.json" if ready else None
+        if ready_file is not None:
+            ready_file.parent.mkdir(parents=True, exist_ok=True)
+            ready_file.unlink(missing_ok=True)
+            args = [*args, "--ready-file", str(ready_file)]
+        argv = [sys.executable, "-m", "fleetrl.cli", "serve", kind, *args]
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log_file:
+            log_file.write(f"$ {' '.join(argv)}\n".encode())
+            log_file.flush()
+            process = subprocess.Popen(
+                argv,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
+            )
+        child = Child(name, kind, argv, log_path, process, ready_file)
+        self.children.append(child)
+        return child
+
+    def wait_ready(self, child: Child, timeout_s: float) -> dict[str, Any]:
+        assert child.ready_file is not None
+        try:
+            child.info = wait_ready_file(child.ready_file, timeout_s, child.process)
+        except (TimeoutError, RuntimeError) as exc:
+            raise ServiceFailed(child, f"{child.name} did not become ready: {exc}") from None
+        return child.info
+
+    def stop_all(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every live child (newest first), SIGKILL what is left after `grace_s`."""
+        live = [c for c in reversed(self.children) if c.poll() is None]
+        for child in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in live:
+            try:
+                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.process.wait(timeout=10)
+
+
+class ServiceFailed(RuntimeError):
+    def __init__(self, child: Child, message: str) -> None:
+        super().__init__(message)
+        self.child = child

@@ -1,0 +1,50 @@
+"""`GatewayConfig`: the rollout gateway's settings around the run `Config` (pure pydantic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from fleetrl.config import Config, ConfigError
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: Config = Field(..., description="The run config (G, sampling settings, max_concurrency, extras).")
+    rollout: str = Field(..., description="The rollout factory: 'module:make_rollout_fn' or 'file.py:attr'.")
+    dynamic_filter: str | None = Field(
+        None, description="Group filter 'module:fn' (fn(samples) -> keep?); 'uniform' drops equal-reward groups."
+    )
+    controller_address: str = Field("127.0.0.1:50050", description="HOST:PORT of the version controller.")
+    gateway_id: str | None = Field(None, description="Unique id; None = gateway-<host>-<pid>.")
+    max_rows_in_flight: int | None = Field(
+        None, ge=1, description="Rows processed at once; None = ceil(max_concurrency / G) + 1, or 16."
+    )
+    min_samples: int = Field(2, ge=2, description="A group with fewer valid samples is rejected.")
+    rollout_timeout_s: float = Field(600.0, gt=0, description="One rollout call fails after this.")
+    rollout_retries: int = Field(3, ge=1, description="Attempts for a rollout failing with a recoverable error.")
+    send_timeout_s: float = Field(60.0, gt=0, description="Pushing a group to the trainer fails after this.")
+    rpc_timeout_s: float = Field(30.0, gt=0, description="Controller calls fail after this.")
+    controller_lost_s: float = Field(120.0, gt=0, description="Give up when the controller is unreachable this long.")
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")
+    host: str = Field("127.0.0.1", description="Address the metrics endpoint binds to.")
+    auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
+    ready_file: str | None = Field(None, description="Write the metrics port here once running.")
+    log_level: str = Field("INFO", description="Python log level name.")
+
+    @property
+    def rows_in_flight(self) -> int:
+        if self.max_rows_in_flight is not None:
+            return self.max_rows_in_flight
+        c, g = self.run.max_concurrency, self.run.completions_per_prompt
+        return 16 if c is None else -(-c // g) + 1
+
+    @classmethod
+    def build(cls, data: dict[str, Any]) -> GatewayConfig:
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
+            raise ConfigError("invalid gateway config: " + "; ".join(lines)) from None

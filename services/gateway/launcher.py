@@ -1,0 +1,101 @@
+"""Launcher of a rollout gateway (run as many as you like):
+
+    fleetrl serve gateway --config run.toml --rollout my_rollout:make_rollout_fn [--controller HOST:PORT]
+        [--dynamic-filter uniform|module:fn] [--metrics-port 0] [--set key=value ...]
+
+Exit codes: 0 when the run is finished, 3 when the circuit breaker opened (the rollout function keeps failing),
+1 on any other error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from fleetrl.launch_args import add_run_config_args, drop_unset, run_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fleetrl serve gateway", description="Run rollouts for the controller.")
+    add_run_config_args(parser)
+    parser.add_argument("--rollout", required=True, help="rollout factory: module:attr or path/file.py:attr")
+    parser.add_argument("--dynamic-filter", help="'uniform' (drop equal-reward groups) or module:fn")
+    parser.add_argument("--controller", help="HOST:PORT of the controller (default 127.0.0.1:50050)")
+    parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
+    parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
+    parser.add_argument("--ready-file", help="write the metrics port here once running")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    return parser
+
+
+def load_dynamic_filter(spec: str | None):  # type: ignore[no-untyped-def]
+    from fleetrl.gateway.groups import drop_uniform_rewards
+    from fleetrl.user_code import load_object
+
+    if spec is None:
+        return None
+    return drop_uniform_rewards if spec == "uniform" else load_object(spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from fleetrl.config import ConfigError
+    from fleetrl.services.gateway.config import GatewayConfig
+
+    try:
+        config = GatewayConfig.build(
+            drop_unset(
+                {
+                    "run": run_config_from_args(args),
+                    "rollout": args.rollout,
+                    "dynamic_filter": args.dynamic_filter,
+                    "controller_address": args.controller,
+                    "gateway_id": args.gateway_id,
+                    "max_rows_in_flight": args.max_rows_in_flight,
+                    "metrics_port": args.metrics_port,
+                    "ready_file": args.ready_file,
+                    "log_level": args.log_level,
+                }
+            )
+        )
+    except (ConfigError, ValueError) as exc:
+        print(f"fleetrl serve gateway: {exc}", file=sys.stderr)
+        return 2
+    from fleetrl.telemetry import setup_logging
+
+    setup_logging(config.log_level, service="gateway")
+    return asyncio.run(run(config))
+
+
+async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ignore[no-untyped-def]
+    """Run one gateway; `rollout_factory`/`tokenizer` objects may be given directly (fleetrl.main does)."""
+    from transformers import AutoTokenizer
+
+    from fleetrl.ready_file import write_ready_file
+    from fleetrl.services.gateway.metrics import GatewayMetrics
+    from fleetrl.services.gateway.worker import Gateway
+    from fleetrl.telemetry import start_metrics_server
+    from fleetrl.user_code import load_object
+
+    run_cfg = config.run
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
+    factory = rollout_factory or load_object(config.rollout)
+    gateway = Gateway(config, factory, tokenizer, load_dynamic_filter(config.dynamic_filter))
+    metrics_server = None
+    if config.metrics_port is not None:
+        metrics_server = start_metrics_server(config.metrics_port, host=config.host)
+        GatewayMetrics(metrics_server.registry, gateway)
+    if config.ready_file:
+        write_ready_file(config.ready_file, {"metrics_port": metrics_server.port if metrics_server else None})
+    try:
+        return await gateway.run()
+    finally:
+        if metrics_server is not None:
+            metrics_server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

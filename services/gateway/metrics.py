@@ -1,0 +1,38 @@
+"""Prometheus metrics of a gateway, read from its counters at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class GatewayMetrics(Collector):
+    def __init__(self, registry: CollectorRegistry, gateway: Any) -> None:
+        self.gateway = gateway
+        registry.register(self)
+
+    def collect(self) -> Iterator[Any]:
+        counters = self.gateway.counters
+        rollouts = CounterMetricFamily("fleetrl_gateway_rollouts", "Rollout calls by result.", labels=["result"])
+        for result in ("ok", "failed", "retried"):
+            rollouts.add_metric([result], counters.get(f"rollouts_{result}", 0))
+        yield rollouts
+        dropped = CounterMetricFamily(
+            "fleetrl_gateway_samples_dropped", "Samples dropped by reason.", labels=["reason"]
+        )
+        for reason in ("none", "error", "invalid"):
+            dropped.add_metric([reason], counters.get(f"samples_dropped_{reason}", 0))
+        yield dropped
+        rows = CounterMetricFamily("fleetrl_gateway_rows", "Rows by outcome.", labels=["outcome"])
+        for outcome in ("accepted", "rejected", "failed"):
+            rows.add_metric([outcome], counters.get(f"rows_{outcome}", 0))
+        yield rows
+        yield GaugeMetricFamily(
+            "fleetrl_gateway_circuit_open",
+            "1 when the circuit breaker is open.",
+            value=int(self.gateway.breaker.is_open),
+        )

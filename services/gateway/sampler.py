@@ -1,0 +1,163 @@
+"""The sampler handed to rollout functions: the Fireworks cookbook interface over fleetrl's inference gRPC API.
+
+    completions = await setup.sampler.sample_with_prompt_tokens(prompt_ids, n=4, **setup.sample_kwargs)
+    completions = await setup.sampler.sample_with_tokens(messages=[{"role": "user", "content": q}], n=1)
+    c = completions[0]; c.full_tokens, c.prompt_len, c.inference_logprobs, c.finish_reason, c.text, c.versions
+
+Requests go to the live replica with the fewest calls in flight; a call that fails with UNAVAILABLE,
+DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from fleetrl.services.inference.client import InferenceClient
+from fleetrl.services.inference.engine import SamplingRequest
+
+log = logging.getLogger(__name__)
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+class NoReplicaError(RuntimeError):
+    """No live inference replica to sample from."""
+
+
+@dataclass
+class SampledCompletion:
+    """One completion, shaped as the Fireworks cookbook's sampler returns it."""
+
+    full_tokens: list[int]  # prompt + generated tokens
+    prompt_len: int
+    inference_logprobs: list[float]  # one per generated token
+    finish_reason: str
+    text: str
+    versions: list[int]  # policy version per generated token
+
+    @property
+    def completion_tokens(self) -> list[int]:
+        return self.full_tokens[self.prompt_len :]
+
+
+class Sampler:
+    def __init__(
+        self,
+        tokenizer: Any = None,
+        *,
+        auth_token: str | None = None,
+        request_timeout_s: float = 600.0,
+        max_attempts: int = 4,
+        backoff_s: float = 0.2,
+        default_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.auth_token = auth_token
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.default_kwargs = dict(default_kwargs or {})
+        self._clients: dict[str, InferenceClient] = {}
+        self._in_flight: dict[str, int] = {}
+        self._routable: list[str] = []
+        self.calls = 0
+        self.retries = 0
+
+    # --- replicas ------------------------------------------------------------------------------
+    def set_replicas(self, addresses: Sequence[str]) -> None:
+        """The live, unfenced replicas (from the controller); calls go only to these."""
+        for address in addresses:
+            if address not in self._clients:
+                self._clients[address] = InferenceClient(address, auth_token=self.auth_token)
+                self._in_flight[address] = 0
+        self._routable = [a for a in addresses]
+
+    @property
+    def replicas(self) -> list[str]:
+        return list(self._routable)
+
+    def _pick(self, avoid: set[str]) -> str:
+        candidates = [a for a in self._routable if a not in avoid] or list(self._routable)
+        if not candidates:
+            raise NoReplicaError("no live inference replica to sample from")
+        least = min(self._in_flight[a] for a in candidates)
+        return random.choice([a for a in candidates if self._in_flight[a] == least])
+
+    async def generate(self, request: SamplingRequest) -> list[Any]:
+        """Engine completions for one request, retried on another replica when one is unavailable."""
+        tried: set[str] = set()
+        self.calls += 1
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                address = self._pick(tried)
+            except NoReplicaError:
+                if attempt == self.max_attempts:
+                    raise
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))  # the replica list refreshes meanwhile
+                continue
+            self._in_flight[address] += 1
+            try:
+                return await self._clients[address].generate(request, timeout_s=self.request_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() not in RETRYABLE or attempt == self.max_attempts:
+                    raise
+                tried.add(address)
+                self.retries += 1
+                log.warning("replica %s: %s; retrying elsewhere (attempt %d)", address, exc.code().name, attempt)
+                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+            finally:
+                self._in_flight[address] -= 1
+        raise AssertionError("unreachable")
+
+    # --- the cookbook interface -----------------------------------------------------------------
+    async def sample_with_prompt_tokens(
+        self, prompt_token_ids: Sequence[int], n: int = 1, **kwargs: Any
+    ) -> list[SampledCompletion]:
+        params = {**self.default_kwargs, **kwargs}
+        request = SamplingRequest(
+            prompt_token_ids=list(prompt_token_ids),
+            n=n,
+            max_tokens=int(params.pop("max_tokens", 64)),
+            temperature=float(params.pop("temperature", 1.0)),
+            top_p=float(params.pop("top_p", 1.0)),
+            top_k=int(params.pop("top_k", 0) or 0),
+            stop_token_ids=tuple(params.pop("stop_token_ids", ()) or ()),
+            seed=params.pop("seed", None),
+        )
+        if params:
+            raise TypeError(f"unknown sampling arguments: {sorted(params)}")
+        prompt = list(prompt_token_ids)
+        out = []
+        for c in await self.generate(request):
+            text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
+            out.append(
+                SampledCompletion(
+                    prompt + list(c.token_ids), len(prompt), list(c.logprobs), c.finish_reason, text, list(c.versions)
+                )
+            )
+        return out
+
+    def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+        """The chat template applied to `messages` with the generation prompt, as token ids."""
+        if self.tokenizer is None:
+            raise RuntimeError("sample_with_tokens needs a tokenizer (RolloutSetup.tokenizer)")
+        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    async def sample_with_tokens(
+        self, messages: Sequence[dict[str, Any]], n: int = 1, **kwargs: Any
+    ) -> list[SampledCompletion]:
+        return await self.sample_with_prompt_tokens(self.encode_messages(messages), n=n, **kwargs)
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()

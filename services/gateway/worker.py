@@ -1,0 +1,212 @@
+"""The gateway's run loop: lease rows, run G rollouts per row under bounded concurrency, send accepted groups to
+the trainer over ZeroMQ, report every row's outcome to the controller.
+
+Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no or unavailable replica)
+are retried with backoff; other exceptions drop the sample, with the traceback logged once per error type; the
+circuit breaker stops the gateway after 5 consecutive failures or >= 50 % of the last 20 (exit code 3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import traceback
+from collections import Counter
+from typing import Any
+
+import grpc
+
+from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
+from fleetrl.gateway.groups import DynamicFilter, assemble_group
+from fleetrl.group_stream import GroupSender, GroupStreamError
+from fleetrl.rollout import RolloutFnFactory, RolloutSample, RolloutSetup
+from fleetrl.rpc import open_channel
+from fleetrl.services.gateway.config import GatewayConfig
+from fleetrl.services.gateway.sampler import NoReplicaError, Sampler
+from fleetrl.v1 import controller_pb2, controller_pb2_grpc
+
+log = logging.getLogger(__name__)
+EXIT_CIRCUIT_OPEN = 3
+RECOVERABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+class ControllerLost(RuntimeError):
+    """The controller did not answer for longer than `controller_lost_s`."""
+
+
+class Gateway:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        rollout_factory: RolloutFnFactory,
+        tokenizer: Any = None,
+        dynamic_filter: DynamicFilter | None = None,
+    ) -> None:
+        self.config = config
+        self.run_cfg = config.run
+        self.gateway_id = config.gateway_id or f"gateway-{socket.gethostname()}-{os.getpid()}"
+        self.rollout_factory = rollout_factory
+        self.tokenizer = tokenizer
+        self.dynamic_filter = dynamic_filter
+        self.breaker = CircuitBreaker()
+        self.counters: Counter[str] = Counter()
+        self._seen_errors: set[str] = set()
+        self._sender: GroupSender | None = None
+        self._send_lock = asyncio.Lock()
+        limit = self.run_cfg.max_concurrency or self.config.rows_in_flight * self.run_cfg.completions_per_prompt
+        self._slots = asyncio.Semaphore(limit)
+        self._last_contact = time.monotonic()
+
+    # --- controller calls ----------------------------------------------------------------------
+    async def _call(self, method: Any, request: Any) -> Any:
+        try:
+            reply = await method(request, timeout=self.config.rpc_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if (
+                exc.code() in RECOVERABLE_CODES
+                and time.monotonic() - self._last_contact < self.config.controller_lost_s
+            ):
+                return None
+            if exc.code() in RECOVERABLE_CODES:
+                raise ControllerLost(
+                    f"controller {self.config.controller_address} unreachable for {self.config.controller_lost_s:.0f} s"
+                ) from None
+            raise
+        self._last_contact = time.monotonic()
+        return reply
+
+    # --- the loop ------------------------------------------------------------------------------
+    async def run(self) -> int:
+        channel = open_channel(self.config.controller_address, self.config.auth_token)
+        self.stub = controller_pb2_grpc.ControllerStub(channel)
+        self.sampler = Sampler(
+            self.tokenizer,
+            auth_token=self.config.auth_token,
+            request_timeout_s=self.config.rollout_timeout_s,
+            default_kwargs=self.run_cfg.sample_kwargs,
+        )
+        setup = RolloutSetup(
+            tokenizer=self.tokenizer,
+            sampler=self.sampler,
+            sample_kwargs=dict(self.run_cfg.sample_kwargs),
+            completions_per_prompt=self.run_cfg.completions_per_prompt,
+            extras=dict(self.run_cfg.rollout_extras),
+        )
+        self.rollout_fn = self.rollout_factory(setup)
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            await self._call(
+                self.stub.Register,
+                controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id=self.gateway_id),
+            )
+            log.info("gateway %s started (controller %s)", self.gateway_id, self.config.controller_address)
+            while True:
+                for task in [t for t in tasks if t.done()]:
+                    tasks.discard(task)
+                    task.result()  # surfaces CircuitOpenError and bugs
+                want = self.config.rows_in_flight - len(tasks)
+                reply = None
+                if want > 0:
+                    reply = await self._call(
+                        self.stub.LeaseRows, controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want)
+                    )
+                if reply is not None:
+                    self.sampler.set_replicas([r.address for r in reply.replicas])
+                    if reply.groups_address and (self._sender is None or self._sender.address != reply.groups_address):
+                        self._sender = GroupSender(
+                            reply.groups_address,
+                            auth_token=self.config.auth_token,
+                            send_timeout_s=self.config.send_timeout_s,
+                        )
+                    for leased in reply.rows:
+                        tasks.add(asyncio.create_task(self.process_row(leased), name=f"row-{leased.row_id}"))
+                    if reply.run_finished and not tasks:
+                        log.info("run finished; gateway %s exits (%s)", self.gateway_id, dict(self.counters))
+                        return 0
+                idle = reply is None or not reply.rows
+                if tasks:
+                    await asyncio.wait(tasks, timeout=0.2 if idle else 0.01, return_when=asyncio.FIRST_COMPLETED)
+                else:
+                    await asyncio.sleep(max(reply.retry_after_s, 0.05) if reply is not None else 0.5)
+        except CircuitOpenError as exc:
+            log.error("gateway %s stopped: %s", self.gateway_id, exc)
+            return EXIT_CIRCUIT_OPEN
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.sampler.close()
+            if self._sender is not None:
+                self._sender.close()
+            await channel.close()
+
+    # --- one row -------------------------------------------------------------------------------
+    async def process_row(self, leased: Any) -> None:
+        row = json.loads(leased.row_json)
+        g = self.run_cfg.completions_per_prompt
+        results = await asyncio.gather(*(self.one_rollout(row) for _ in range(g)))
+        assembled = assemble_group(
+            leased.row_id, leased.submit_version, results, self.config.min_samples, self.dynamic_filter, self.gateway_id
+        )
+        self.counters.update({f"samples_dropped_{k}": v for k, v in assembled.dropped.items()})
+        report = controller_pb2.RowReport(
+            row_id=leased.row_id,
+            samples=len(assembled.group.samples),
+            samples_dropped=dict(assembled.dropped),
+            min_version=assembled.min_version,
+        )
+        if assembled.accepted:
+            try:
+                await self.send(assembled.group)
+                report.outcome = controller_pb2.ACCEPTED
+                self.counters["rows_accepted"] += 1
+            except GroupStreamError as exc:
+                log.warning("row %d: %s", leased.row_id, exc)
+                report.outcome, report.reason = controller_pb2.FAILED, str(exc)
+                self.counters["rows_failed"] += 1
+        else:
+            report.outcome, report.reason = controller_pb2.REJECTED, assembled.reason
+            self.counters["rows_rejected"] += 1
+        await self._call(
+            self.stub.ReportRows, controller_pb2.ReportRowsRequest(gateway_id=self.gateway_id, reports=[report])
+        )
+
+    async def send(self, group: Any) -> None:
+        if self._sender is None:
+            raise GroupStreamError("no trainer group address from the controller yet")
+        async with self._send_lock:  # one ZeroMQ socket: one sender at a time, off the event loop
+            await asyncio.to_thread(self._sender.send, group)
+
+    async def one_rollout(self, row: dict[str, Any]) -> RolloutSample | BaseException | None:
+        async with self._slots:
+            for attempt in range(1, self.config.rollout_retries + 1):
+                try:
+                    result = await asyncio.wait_for(self.rollout_fn(dict(row)), timeout=self.config.rollout_timeout_s)
+                except (TimeoutError, NoReplicaError, grpc.aio.AioRpcError) as exc:
+                    recoverable = not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in RECOVERABLE_CODES
+                    if recoverable and attempt < self.config.rollout_retries:
+                        self.counters["rollouts_retried"] += 1
+                        await asyncio.sleep(0.2 * 2 ** (attempt - 1))
+                        continue
+                    return self._failed(exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    return self._failed(exc)
+                self.counters["rollouts_ok"] += 1
+                self.breaker.record(True)
+                return result
+        raise AssertionError("unreachable")
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        self.counters["rollouts_failed"] += 1
+        kind = type(exc).__name__
+        if kind not in self._seen_errors:  # the traceback once per error type, not once per sample
+            self._seen_errors.add(kind)
+            log.error("rollout raised %s (logged once):\n%s", kind, "".join(traceback.format_exception(exc)))
+        self.breaker.record(False, f"{kind}: {exc}")
+        return exc
