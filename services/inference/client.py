@@ -1,0 +1,56 @@
+"""`InferenceClient`: the async Python client of the inference server's gRPC API (fleetrl.v1.Inference).
+
+    async with InferenceClient("127.0.0.1:50051") as client:     # token from $FLEETRL_AUTH_TOKEN
+        completions = await client.generate(SamplingRequest([1, 2, 3], n=4, max_tokens=32))
+        result = await client.load_weights(7, "tcp://127.0.0.1:5555")
+
+Errors are grpc.aio.AioRpcError: INVALID_ARGUMENT (bad request), FAILED_PRECONDITION (weights refused),
+UNAVAILABLE (engine down), UNAUTHENTICATED (token).
+"""
+
+from __future__ import annotations
+
+from fleetrl.rpc import DEFAULT_MAX_MESSAGE_MB, open_channel
+from fleetrl.services.inference.engine import Completion, LoadResult, SamplingRequest
+from fleetrl.services.inference.protocol import completions_from_proto, request_to_proto
+from fleetrl.v1 import inference_pb2, inference_pb2_grpc
+
+
+class InferenceClient:
+    """One channel to one inference server; every call has a timeout."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 600.0,
+        max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
+    ) -> None:
+        self.address = address
+        self.timeout_s = timeout_s
+        self._channel = open_channel(address, auth_token, max_message_mb=max_message_mb)
+        self._stub = inference_pb2_grpc.InferenceStub(self._channel)
+
+    async def generate(
+        self, request: SamplingRequest, *, timeout_s: float | None = None, request_id: str = ""
+    ) -> list[Completion]:
+        reply = await self._stub.Generate(request_to_proto(request, request_id), timeout=timeout_s or self.timeout_s)
+        return completions_from_proto(reply)
+
+    async def status(self, *, timeout_s: float = 10.0) -> inference_pb2.StatusResponse:
+        return await self._stub.Status(inference_pb2.StatusRequest(), timeout=timeout_s)
+
+    async def load_weights(self, version: int, source: str, *, timeout_s: float = 300.0) -> LoadResult:
+        msg = inference_pb2.LoadWeightsRequest(version=version, source=source, timeout_s=timeout_s)
+        reply = await self._stub.LoadWeights(msg, timeout=timeout_s + 10.0)
+        return LoadResult(reply.version, reply.checksum, reply.transfer_s, reply.pause_s)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,104 @@
+"""`InferenceConfig`: everything the inference server needs, from flags or a TOML file (pure pydantic).
+
+cfg = InferenceConfig.from_toml("inference.toml", overrides={"engine": "hf"})
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class InferenceConfigError(ValueError):
+    """A config that cannot run; the message names the field."""
+
+
+class InferenceConfig(BaseModel):
+    """The inference server's settings. Ports: 0 picks a free one; None disables that endpoint."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(..., description="HF model directory (config, safetensors, tokenizer).")
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="'vllm' (production) or 'hf' (transformers, CPU development/tests)."
+    )
+    served_model_name: str | None = Field(
+        None, description="Model id in the OpenAI API (/v1/models); None = the model dir's name."
+    )
+    host: str = Field("127.0.0.1", description="Address all endpoints bind to (loopback default).")
+    grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC API port (0 = pick).")
+    http_port: int | None = Field(
+        8000, ge=0, le=65535, description="OpenAI-compatible HTTP port (0 = pick, None = off)."
+    )
+    metrics_port: int | None = Field(
+        9400, ge=0, le=65535, description="Prometheus /metrics port (0 = pick, None = off)."
+    )
+    auth_token: str | None = Field(
+        None,
+        description="Bearer token required on gRPC and HTTP and sent to the weight stream; "
+        "None = $FLEETRL_AUTH_TOKEN (unset = no auth). Prefer the env var to a file.",
+    )
+    max_message_mb: int = Field(256, ge=1, description="gRPC message size limit in MiB.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weight/compute dtype of the engine (float32 for exact logprobs)."
+    )
+    seed: int = Field(0, ge=0, description="Engine seed (for requests that carry none).")
+    max_num_seqs: int = Field(64, ge=1, description="Sequences decoded together at most.")
+    max_model_len: int | None = Field(None, ge=1, description="Prompt + completion length limit; None = the model's.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel GPUs.")
+    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU (GiB).")
+    default_max_tokens: int = Field(
+        16, ge=1, description="OpenAI /v1/completions max_tokens when the request has none."
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="A generate call fails after this.")
+    weight_load_timeout_s: float = Field(
+        300.0, gt=0, description="LoadWeights default timeout (fetch + verify + swap)."
+    )
+    shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
+    log_level: str = Field("INFO", description="Python log level name.")
+    ready_file: str | None = Field(None, description="Write the bound ports here as JSON once serving.")
+
+    @model_validator(mode="after")
+    def _check(self) -> InferenceConfig:
+        if not self.model:
+            raise ValueError("model: a model directory is required")
+        ports = [
+            (name, p)
+            for name, p in (
+                ("grpc_port", self.grpc_port),
+                ("http_port", self.http_port),
+                ("metrics_port", self.metrics_port),
+            )
+            if p
+        ]
+        values = [p for _, p in ports]
+        if len(values) != len(set(values)):
+            raise ValueError(f"ports must differ: {dict(ports)}")
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or Path(self.model).name
+
+    @classmethod
+    def from_toml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> InferenceConfig:
+        """Load a TOML file (top-level keys or an [inference] table), then apply overrides."""
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InferenceConfigError(f"cannot read config {path}: {exc}") from exc
+        data = dict(data.get("inference", data))
+        data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        return cls.build(data)
+
+    @classmethod
+    def build(cls, data: dict[str, Any]) -> InferenceConfig:
+        """Validate a dict; errors name the offending field."""
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()]
+            raise InferenceConfigError("invalid inference config: " + "; ".join(lines)) from None

@@ -1,0 +1,381 @@
+"""`HFEngine`: a lean transformers inference engine for CPU development and fast tests.
+
+Not a substitute for vLLM, but the same API and semantics (one conformance suite checks both). Design:
+- `generate()` queues a request group (n sequences) and awaits a future; one worker thread runs the batching
+  loop: admit waiting groups (up to `max_num_seqs` sequences), prefill them (once per prompt, the KV cache then
+  copied n times), then decode one token for every active sequence per step in a single batched forward.
+- The batch shares one left-padded KV cache (transformers DynamicCache) with a 2-D attention mask and explicit
+  position ids; finished sequences are dropped from it and all-padding leading columns trimmed.
+- Each sequence samples with its own torch.Generator (seed + index when seeded), so a seeded request gives the
+  same tokens whatever else is in the batch. Logprobs are those of the processed distribution (sampling.py).
+- Weight loads fetch and verify while generation continues; the worker swaps the tensors in between two decode
+  steps (the pause), then recomputes the KV cache of in-flight sequences with the new weights. Tokens sampled
+  after the swap record the new version and come from exactly that version's forward.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import random
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from fleetrl.services.inference.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Completion,
+    EngineError,
+    EngineStats,
+    InferenceEngine,
+    LoadResult,
+    SamplingRequest,
+    WeightLoadError,
+    check_state_dict_matches,
+)
+from fleetrl.services.inference.hf_batch import KVBatch
+from fleetrl.services.inference.sampling import processed_logprobs, sample_tokens
+
+logger = logging.getLogger(__name__)
+_RATE_WINDOW_S = 10.0
+
+
+@dataclass(eq=False)
+class _Group:
+    request: SamplingRequest
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    seqs: list[_Seq] = field(default_factory=list)
+    remaining: int = 0
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
+class _Seq:
+    group: _Group
+    generator: torch.Generator
+    stop_ids: frozenset[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(eq=False)
+class _Swap:
+    version: int
+    checksum: str
+    tensors: dict[str, torch.Tensor]
+    done: Future = field(default_factory=Future)
+
+
+class HFEngine(InferenceEngine):
+    """Batched, KV-cached sampling with a transformers causal LM (float32 on CPU by default)."""
+
+    engine_name = "hf"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        max_num_seqs: int = 64,
+        dtype: str = "float32",
+        seed: int = 0,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        self.model_path = str(model_path)
+        self.loaded_version = 0
+        self.loaded_checksum = ""
+        self._max_num_seqs = max_num_seqs
+        self._dtype = getattr(torch, dtype)
+        self._rng = random.Random(seed)
+        self._request_timeout_s = request_timeout_s
+        self._model = None
+        self._cv = threading.Condition()
+        self._pending: collections.deque[_Group] = collections.deque()
+        self._swap: _Swap | None = None
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._load_lock = asyncio.Lock()
+        self._batch = KVBatch(None)  # the running batch, owned by the worker thread
+        # Stats.
+        self._stats_lock = threading.Lock()
+        self._tokens_total = 0
+        self._requests_total = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._started_at = time.monotonic()
+
+    # ----- lifecycle -----
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load_model)
+        self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+        self._thread.start()
+
+    def _load_model(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._dtype)
+        model.eval()
+        eos: set[int] = set()
+        tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        try:
+            gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except OSError:  # no generation_config.json: the model config's eos is all there is
+            gen_eos = model.config.eos_token_id
+        eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
+        self._eos_ids = frozenset(eos)
+        self._state = model.state_dict()
+        self._specs = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in self._state.items()}
+        seen: dict[int, str] = {}
+        self._aliases = frozenset(
+            name for name, t in self._state.items() if seen.setdefault(t.untyped_storage().data_ptr(), name) != name
+        )
+        self._max_len = int(getattr(model.config, "max_position_embeddings", 0) or 0) or None
+        self._model = model
+        self._batch = KVBatch(model)
+
+    async def shutdown(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30.0)
+            if self._thread.is_alive():
+                logger.error("hf engine worker did not stop within 30 s")
+        self._fail_all(EngineError("the engine was shut down"))
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None if self._model is None else int(self._model.config.vocab_size)
+
+    @property
+    def max_model_len(self) -> int | None:
+        return None if self._model is None else self._max_len
+
+    # ----- requests -----
+    async def generate(self, request: SamplingRequest) -> list[Completion]:
+        if self._model is None:
+            raise EngineError("the engine is not started")
+        if self._failure is not None:
+            raise EngineError(f"the engine's worker failed: {self._failure!r}")
+        request.validate(self.vocab_size, self._max_len)
+        loop = asyncio.get_running_loop()
+        group = _Group(request=request, loop=loop, future=loop.create_future())
+        stop_ids = frozenset(request.stop_token_ids)
+        if not request.ignore_eos:
+            stop_ids |= self._eos_ids
+        for i in range(request.n):
+            seed = self._rng.getrandbits(63) if request.seed is None else request.seed + i
+            gen = torch.Generator().manual_seed(seed)
+            group.seqs.append(_Seq(group=group, generator=gen, stop_ids=stop_ids))
+        group.remaining = request.n
+        with self._cv:
+            if self._stopping:
+                raise EngineError("the engine is shutting down")
+            self._pending.append(group)
+            self._cv.notify_all()
+        with self._stats_lock:
+            self._requests_total += 1
+        try:
+            return await asyncio.wait_for(group.future, self._request_timeout_s)
+        except TimeoutError:
+            group.cancelled = True
+            raise EngineError(f"generate timed out after {self._request_timeout_s} s") from None
+        except asyncio.CancelledError:
+            group.cancelled = True  # the worker drops its sequences at the next step
+            raise
+
+    def queue_depth(self) -> int:
+        with self._cv:
+            waiting = sum(g.request.n for g in self._pending)
+        return waiting + len(self._batch)
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        with self._stats_lock:
+            while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
+                self._recent.popleft()
+            recent = sum(n for _, n in self._recent)
+            window = min(_RATE_WINDOW_S, max(now - self._started_at, 1e-3))
+            return EngineStats(self._tokens_total, self._requests_total, recent / window)
+
+    # ----- weights -----
+    async def load_weights(
+        self,
+        version: int,
+        source: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> LoadResult:
+        from fleetrl.weights import WeightTransferError, fetch_weights
+
+        if self._model is None:
+            raise EngineError("the engine is not started")
+        async with self._load_lock:
+            if version <= self.loaded_version:
+                raise WeightLoadError(f"version {version} is not newer than the loaded version {self.loaded_version}")
+            start = time.perf_counter()
+            try:
+                manifest, tensors = await asyncio.wait_for(
+                    asyncio.to_thread(fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token),
+                    timeout_s + 5.0,
+                )
+            except WeightTransferError as exc:
+                raise WeightLoadError(f"fetching version {version} from {source}: {exc}") from exc
+            except TimeoutError:
+                raise WeightLoadError(
+                    f"fetching version {version} from {source} timed out after {timeout_s} s"
+                ) from None
+            if manifest.version != version:
+                raise WeightLoadError(f"asked for version {version}, got {manifest.version}")
+            await asyncio.to_thread(check_state_dict_matches, self._specs, tensors, optional=self._aliases)
+            transfer_s = time.perf_counter() - start
+            swap = _Swap(version=version, checksum=manifest.checksum, tensors=tensors)
+            with self._cv:
+                self._swap = swap
+                self._cv.notify_all()
+            try:
+                pause_s = await asyncio.wait_for(asyncio.wrap_future(swap.done), timeout_s)
+            except TimeoutError:
+                with self._cv:
+                    if self._swap is swap:  # not started: withdraw it, the old weights stay
+                        self._swap = None
+                raise WeightLoadError(f"the swap to version {version} timed out") from None
+            return LoadResult(version, manifest.checksum, transfer_s, pause_s)
+
+    def _apply_swap(self, swap: _Swap) -> None:
+        start = time.perf_counter()
+        try:
+            with torch.no_grad():
+                for name, tensor in swap.tensors.items():
+                    self._state[name].copy_(tensor)
+        except Exception as exc:  # validated beforehand, so this is a bug; surface it to the caller
+            swap.done.set_exception(WeightLoadError(f"swap to version {swap.version}: {exc!r}"))
+            raise
+        self.loaded_version = swap.version
+        self.loaded_checksum = swap.checksum
+        swap.done.set_result(time.perf_counter() - start)
+
+    # ----- the worker -----
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                self._loop()
+        except Exception as exc:
+            logger.exception("hf engine worker failed")
+            self._failure = exc
+            self._fail_all(EngineError(f"the engine's worker failed: {exc!r}"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stopping or self._pending or len(self._batch) or self._swap):
+                    self._cv.wait(timeout=1.0)
+                if self._stopping:
+                    return
+                swap, self._swap = self._swap, None
+                admitted = self._admit()
+            if swap is not None:
+                self._apply_swap(swap)
+                if len(self._batch):  # in-flight rows continue on a cache of the new weights
+                    self._batch.rebuild([s.group.request.prompt_token_ids + s.token_ids[:-1] for s in self._batch.rows])
+            if admitted:
+                prompts = [g.request.prompt_token_ids for g in admitted]
+                logits_BV = self._batch.prefill(prompts, [g.seqs for g in admitted])
+                self._sample_and_record(logits_BV, sum(len(g.seqs) for g in admitted))
+            elif len(self._batch):
+                self._sample_and_record(self._batch.decode(), len(self._batch))
+
+    def _admit(self) -> list[_Group]:
+        admitted: list[_Group] = []
+        active = len(self._batch)
+        while self._pending:
+            group = self._pending[0]
+            # A group too big for the limit still runs alone, so no request waits forever.
+            if active and active + group.request.n > self._max_num_seqs:
+                break
+            self._pending.popleft()
+            if not group.cancelled:
+                admitted.append(group)
+                active += group.request.n
+        return admitted
+
+    def _sample_and_record(self, logits_BV: torch.Tensor, new_rows: int) -> None:
+        """Sample for the last `new_rows` rows of the batch (all rows after a decode step)."""
+        offset = len(self._batch) - new_rows
+        seqs: list[_Seq] = self._batch.rows[offset:]
+        reqs = [s.group.request for s in seqs]
+        temperature_B = torch.tensor([r.temperature for r in reqs], dtype=torch.float32)
+        logprobs_BV = processed_logprobs(
+            logits_BV,
+            temperature_B,
+            torch.tensor([r.top_k for r in reqs], dtype=torch.long),
+            torch.tensor([r.top_p for r in reqs], dtype=torch.float32),
+        )
+        token_B, logprob_B = sample_tokens(logprobs_BV, temperature_B <= 0, [s.generator for s in seqs])
+        self._batch.next_B[offset:] = token_B
+        version = self.loaded_version
+        positions = self._batch.pos_B[offset:].tolist()
+        for seq, token, logprob, pos in zip(seqs, token_B.tolist(), logprob_B.tolist(), positions, strict=True):
+            seq.token_ids.append(token)
+            seq.logprobs.append(logprob)
+            seq.versions.append(version)
+            if token in seq.stop_ids:
+                seq.finish_reason = FINISH_STOP
+            elif len(seq.token_ids) >= seq.group.request.max_tokens or (
+                self._max_len is not None and pos + 1 >= self._max_len
+            ):
+                seq.finish_reason = FINISH_LENGTH
+        self._count(len(seqs))
+        keep = []
+        for row, seq in enumerate(self._batch.rows):
+            if seq.finish_reason is not None:
+                seq.group.remaining -= 1
+                if seq.group.remaining == 0:
+                    self._resolve(seq.group)
+            elif not seq.group.cancelled:  # a cancelled request's rows just leave
+                keep.append(row)
+        self._batch.keep(keep)
+
+    def _resolve(self, group: _Group) -> None:
+        prompt_len = len(group.request.prompt_token_ids)
+        completions = [
+            Completion(s.token_ids, s.logprobs, s.finish_reason or FINISH_LENGTH, prompt_len, s.versions)
+            for s in group.seqs
+        ]
+        group.loop.call_soon_threadsafe(_set_result, group.future, completions)
+
+    def _count(self, tokens: int) -> None:
+        with self._stats_lock:
+            self._tokens_total += tokens
+            self._recent.append((time.monotonic(), tokens))
+
+    def _fail_all(self, exc: Exception) -> None:
+        with self._cv:
+            groups = list(self._pending) + list({id(s.group): s.group for s in self._batch.rows}.values())
+            self._pending.clear()
+            swap, self._swap = self._swap, None
+        if swap is not None and not swap.done.done():
+            swap.done.set_exception(WeightLoadError(f"the swap did not happen: {exc}"))
+        for group in groups:
+            if not group.loop.is_closed():
+                group.loop.call_soon_threadsafe(_set_exception, group.future, exc)
+
+
+def _set_result(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)

@@ -1,0 +1,112 @@
+"""Launcher of the inference server:
+
+    fleetrl serve inference --model PATH --engine vllm|hf --grpc-port 50051 --http-port 8000 \\
+        --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics]
+
+Flags override the config file. Heavy modules (torch, grpc, vLLM) are imported only after parsing, so
+`--help` is fast. Binds 127.0.0.1 unless --host says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetrl serve inference",
+        description="Serve a model over gRPC (fleetrl.v1.Inference) and an OpenAI-compatible HTTP API.",
+    )
+    parser.add_argument("--config", type=Path, help="TOML file (top-level keys or [inference])")
+    parser.add_argument("--model", help="HF model directory")
+    parser.add_argument("--engine", choices=["vllm", "hf"], help="inference engine (default vllm)")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051, 0 = pick)")
+    parser.add_argument("--http-port", type=int, help="OpenAI HTTP port (default 8000, 0 = pick)")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9400, 0 = pick)")
+    parser.add_argument("--no-http", action="store_true", help="do not serve the OpenAI HTTP API")
+    parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
+    parser.add_argument("--served-model-name", help="model id in the OpenAI API")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--max-num-seqs", type=int, help="sequences decoded together at most")
+    parser.add_argument("--max-model-len", type=int, help="prompt + completion length limit")
+    parser.add_argument("--tensor-parallel-size", type=int, help="vLLM tensor parallelism")
+    parser.add_argument("--kv-cache-gib", type=float, help="vLLM CPU KV cache size (GiB)")
+    parser.add_argument("--seed", type=int, help="engine seed")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    parser.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The InferenceConfig the flags (and --config file) describe."""
+    from fleetrl.services.inference.config import InferenceConfig
+
+    overrides = {
+        "model": args.model,
+        "engine": args.engine,
+        "host": args.host,
+        "grpc_port": args.grpc_port,
+        "http_port": args.http_port,
+        "metrics_port": args.metrics_port,
+        "served_model_name": args.served_model_name,
+        "dtype": args.dtype,
+        "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len,
+        "tensor_parallel_size": args.tensor_parallel_size,
+        "kv_cache_gib": args.kv_cache_gib,
+        "seed": args.seed,
+        "log_level": args.log_level,
+        "ready_file": args.ready_file,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if args.config is not None:
+        config = InferenceConfig.from_toml(args.config, overrides)
+    else:
+        config = InferenceConfig.build(overrides)
+    disabled = {}
+    if args.no_http:
+        disabled["http_port"] = None
+    if args.no_metrics:
+        disabled["metrics_port"] = None
+    return config.model_copy(update=disabled) if disabled else config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.model is None and args.config is None:
+        print("fleetrl serve inference: --model PATH (or --config FILE) is required", file=sys.stderr)
+        return 2
+    from fleetrl.services.inference.config import InferenceConfigError
+
+    try:
+        config = config_from_args(args)
+    except InferenceConfigError as exc:
+        print(f"fleetrl serve inference: {exc}", file=sys.stderr)
+        return 2
+    if not (Path(config.model) / "config.json").is_file():
+        print(
+            f"fleetrl serve inference: model: {config.model} is not a model directory (no config.json)",
+            file=sys.stderr,
+        )
+        return 2
+
+    import asyncio
+
+    from fleetrl.services.inference.server import serve
+    from fleetrl.telemetry import setup_logging
+
+    setup_logging(config.log_level, service="inference")
+    try:
+        asyncio.run(serve(config))
+    except OSError as exc:  # a port in use, most often: say which, without a traceback
+        print(f"fleetrl serve inference: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":  # vLLM's engine spawns processes: keep the guard
+    sys.exit(main())

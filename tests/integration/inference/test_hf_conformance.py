@@ -1,0 +1,71 @@
+"""The conformance suite (conformance.py) run against the hf engine, sharing one engine per module."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from transformers import AutoTokenizer
+
+from fleetrl.services.inference.hf_engine import HFEngine
+from tests.integration.inference import conformance
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir: str):
+    engine = HFEngine(tiny_model_dir, max_num_seqs=32)
+    asyncio.run(engine.start())
+    yield engine
+    asyncio.run(engine.shutdown())
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 20, 1.0), (1.0, 0, 0.8), (0.7, 30, 0.9)],
+)
+async def test_logprobs_match_a_float32_recompute(engine, tiny_model_dir, temperature, top_k, top_p):
+    worst = await conformance.check_logprobs_exact(engine, tiny_model_dir, temperature, top_k, top_p)
+    assert worst < conformance.LOGPROB_TOL
+
+
+async def test_n_completions(engine, tiny_model_dir):
+    await conformance.check_n_completions(engine, tiny_model_dir)
+
+
+async def test_max_tokens_finishes_with_length(engine, tiny_model_dir):
+    await conformance.check_max_tokens_and_length(engine, tiny_model_dir)
+
+
+async def test_stop_token_ids_finish_with_stop(engine, tiny_model_dir):
+    await conformance.check_stop_token_ids(engine, tiny_model_dir)
+
+
+async def test_eos_stops(engine, tiny_model_dir):
+    eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
+    await conformance.check_eos_stops(engine, tiny_model_dir, eos)
+
+
+async def test_seeded_determinism(engine, tiny_model_dir):
+    await conformance.check_seeded_determinism(engine, tiny_model_dir)
+
+
+async def test_versions_per_token(engine, tiny_model_dir):
+    await conformance.check_versions_per_token(engine, tiny_model_dir)
+
+
+async def test_invalid_requests_name_the_field(engine, tiny_model_dir):
+    await conformance.check_invalid_requests(engine, tiny_model_dir)
+
+
+async def test_load_weights_from_a_real_publisher(engine, tiny_model_dir):
+    await conformance.check_load_weights(engine, tiny_model_dir)
+
+
+async def test_bad_weight_loads_are_rejected_and_old_version_serves(engine, tiny_model_dir):
+    await conformance.check_bad_loads_rejected(engine, tiny_model_dir)
+
+
+async def test_a_swap_mid_generation_versions_tokens(engine, tiny_model_dir):
+    await conformance.check_swap_mid_generation(engine, tiny_model_dir)

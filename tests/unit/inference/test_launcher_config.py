@@ -1,0 +1,71 @@
+"""The inference launcher and InferenceConfig: flags, TOML, validation, fast --help (no sockets)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetrl.services.inference.config import InferenceConfig, InferenceConfigError
+from fleetrl.services.inference.launcher import build_parser, config_from_args, main
+
+
+def test_flags_override_the_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "inference.toml"
+    path.write_text('[inference]\nmodel = "/m"\nengine = "hf"\ngrpc_port = 1234\nseed = 7\n')
+    args = build_parser().parse_args(["--config", str(path), "--grpc-port", "0", "--no-http"])
+    config = config_from_args(args)
+    assert (config.model, config.engine, config.grpc_port, config.seed) == ("/m", "hf", 0, 7)
+    assert config.http_port is None and config.metrics_port == 9400
+    assert config.host == "127.0.0.1"  # loopback unless asked
+
+
+def test_defaults() -> None:
+    config = InferenceConfig(model="/models/tiny")
+    assert config.engine == "vllm" and config.model_name == "tiny"
+    assert (config.grpc_port, config.http_port, config.metrics_port) == (50051, 8000, 9400)
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        ({"model": "/m", "engine": "tgi"}, "engine"),
+        ({"model": "/m", "grpc_port": 70000}, "grpc_port"),
+        ({"model": "/m", "grpc_port": 9000, "http_port": 9000}, "ports must differ"),
+        ({"model": "/m", "max_num_seqs": 0}, "max_num_seqs"),
+        ({"model": "/m", "colour": "red"}, "colour"),
+        ({}, "model"),
+    ],
+)
+def test_bad_configs_name_the_field(data: dict, field: str) -> None:
+    with pytest.raises(InferenceConfigError, match=field):
+        InferenceConfig.build(data)
+
+
+def test_unreadable_toml_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("model = [unclosed")
+    with pytest.raises(InferenceConfigError, match=r"bad\.toml"):
+        InferenceConfig.from_toml(bad)
+
+
+def test_main_refuses_a_missing_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["--model", str(tmp_path / "nope"), "--engine", "hf"]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    assert main([]) == 2
+
+
+def test_help_is_fast_and_imports_nothing_heavy() -> None:
+    code = (
+        "import sys\n"
+        "from fleetrl.cli import main\n"
+        "try:\n    main(['serve', 'inference', '--help'])\n"
+        "except SystemExit as e:\n    assert e.code == 0\n"
+        "heavy = [m for m in ('torch', 'grpc', 'vllm', 'transformers') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--engine" in out.stdout and "HEAVY []" in out.stdout
