@@ -225,10 +225,9 @@ class Orchestrator:
         self, step: StepAssignment, reply: Any, wait: float, train: float, weight_update: float, total: float
     ) -> None:
         trainer_metrics = dict(reply.metrics)
-        samples = trainer_metrics.get("samples", 0.0)
-        tokens = trainer_metrics.get("tokens/total", 0.0)
-        line: dict[str, Any] = {"step": step.step, "version": int(reply.version)}
-        line.update(trainer_metrics)
+        samples = trainer_metrics.get("data/samples", 0.0)
+        tokens = trainer_metrics.get("data/tokens", 0.0)
+        line: dict[str, Any] = {**trainer_metrics, "step": step.step, "version": int(reply.version)}
         offsets = step.version_offsets or (0,)
         line["async/version_offset_mean"] = sum(offsets) / len(offsets)
         line["async/version_offset_max"] = max(offsets)

@@ -1,0 +1,61 @@
+"""Helpers for `fleetrl up` runs: a run.toml over the session's tiny model and the rows file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def write_run(tmp_path: Path, model_dir: str, run: dict, up: dict, n_rows: int = 24) -> Path:
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"count {i} to {i + 3}:"}) + "\n" for i in range(n_rows)))
+    base = {
+        "base_model": model_dir,
+        "dataset": str(rows),
+        "log_path": str(tmp_path / "run"),
+        "completions_per_prompt": 4,
+        "prompt_groups_per_step": 2,
+        "max_completion_tokens": 8,
+        "max_seq_len": 64,
+        "learning_rate": 1e-3,
+        "kl_beta": 0.0,
+        "max_steps": 3,
+        "seed": 0,
+    }
+    base.update(run)
+    up_table = {"rollout": "tests.integration.up.rollouts:make_rollout_fn", "engine": "hf", "startup_timeout_s": 240}
+    up_table.update(up)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run": base, "up": up_table}))
+    return path
+
+
+def fleetrl_up(config: Path, timeout_s: float = 420, extra: list[str] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fleetrl.cli", "up", str(config), *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture
+def up_run(tmp_path: Path, tiny_model_dir: str):
+    def run(run: dict | None = None, up: dict | None = None, n_rows: int = 24, **kw):
+        config = write_run(tmp_path, tiny_model_dir, run or {}, up or {}, n_rows)
+        result = fleetrl_up(config, **kw)
+        return result, tmp_path / "run"
+
+    return run

@@ -1,0 +1,44 @@
+"""`fleetrl up` end to end on the tiny model with the hf engine: synchronous, O=0 and O=2."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetrl.controller.journal import Journal
+from tests.integration.up.conftest import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def check_ledger(run_dir, steps: int, groups_per_step: int) -> dict:
+    rows = Journal(run_dir / "controller.sqlite").rows()
+    trained = [r for r, info in rows.items() if info["status"] == "trained"]
+    assert len(trained) == steps * groups_per_step
+    for row_id, info in rows.items():
+        # Every row the ledger knows was trained exactly once, or is explicitly closed, or was still queued when
+        # max_steps ended the run; nothing is left leased or in limbo.
+        assert info["status"] in ("trained", "rejected", "failed", "queued"), (row_id, info)
+        assert info["trained_count"] == (1 if info["status"] == "trained" else 0)
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("mode", "run", "bound"),
+    [
+        ("sync", {"synchronous_training": True}, 0),
+        ("o0", {"max_head_offpolicy_versions": 0}, 0),
+        ("o2", {"max_head_offpolicy_versions": 2, "weight_sync_interval": 1}, 2),
+    ],
+)
+def test_up_trains_within_the_offpolicy_bound(up_run, mode, run, bound):
+    result, run_dir = up_run(run)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["async/version_offset_max"] <= bound
+        assert 0.0 <= m["reward/mean"] <= 1.0
+        assert "env/all/even_frac" in m and "perf/step_time" in m and "loss" in m
+    check_ledger(run_dir, steps=3, groups_per_step=2)
+    assert (run_dir / "final" / "config.json").exists() or any(run_dir.rglob("config.json"))
