@@ -120,9 +120,8 @@ class RowScheduler:
         return self.max_steps * self.groups_per_step
 
     def _rows_committed(self) -> int:
-        trained_or_waiting = self.trained_steps * self.groups_per_step + len(self.pending)
-        trained_or_waiting += sum(len(s.rows) for s in self.ready)
-        return trained_or_waiting + len(self.leases)
+        """Rows in formed steps (ready, training or trained), waiting for a step, or leased."""
+        return (self.next_step - 1) * self.groups_per_step + len(self.pending) + len(self.leases)
 
     def expire(self, now: float) -> list[int]:
         """Requeue every row whose lease deadline has passed."""

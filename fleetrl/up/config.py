@@ -26,6 +26,7 @@ class UpConfig(BaseModel):
     inference_args: list[str] = Field(default_factory=list, description="Extra flags for each inference replica.")
     trainer_args: list[str] = Field(default_factory=list, description="Extra flags for the trainer.")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
+    controller_args: list[str] = Field(default_factory=list, description="Extra flags for the controller.")
     max_gateway_restarts: int = Field(5, ge=0, description="Crashed gateways replaced at most this many times.")
 
     @classmethod

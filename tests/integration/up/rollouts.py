@@ -65,3 +65,12 @@ def make_faulty_rollout_fn(setup: RolloutSetup):
         return sample
 
     return rollout_fn
+
+
+def make_broken_rollout_fn(setup: RolloutSetup):
+    """Always raises: the gateway's circuit breaker must stop the run with a clear message."""
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        raise KeyError(f"row has no field 'question': {sorted(row)}")
+
+    return rollout_fn

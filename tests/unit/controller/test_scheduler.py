@@ -128,3 +128,17 @@ def test_every_row_trained_once_or_closed_with_journal_resume(tmp_path):
             assert info["status"] == "rejected"
         else:
             assert info["status"] == "trained" and info["trained_count"] == 1
+
+
+def test_max_steps_counts_steps_being_trained():
+    # A step handed to the trainer but not yet trained still uses its rows' share of the budget.
+    s = make(p=1, g=2, o=3, max_steps=2)
+    leases = s.lease("gw", 10, now=0)
+    assert len(leases) == 2
+    s.report(leases[0].row_id, "accepted", now=1)
+    step = s.take_step()  # in training now
+    assert step.step == 1
+    assert s.lease("gw", 10, now=2) == []  # row 2 is still leased: the budget of 2 steps is used
+    s.report(leases[1].row_id, "failed", now=3)  # requeued: its slot may be leased again
+    again = s.lease("gw", 10, now=3)
+    assert [lease.row_id for lease in again] == [leases[1].row_id]

@@ -1,0 +1,93 @@
+"""`fleetrl up` under failure: a gateway killed mid-run, a rollout function that misbehaves, auth tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from fleetrl.controller.journal import Journal
+from fleetrl.up.status import fetch_status
+from tests.integration.up.conftest import REPO, read_metrics, write_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def gateway_pids(config_path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"serve gateway --config {config_path}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": 5, "max_head_offpolicy_versions": 1, "rollout_extras": {"tool_latency_s": 0.3}},
+        {
+            "gateways": 2,
+            "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
+            "controller_args": ["--lease-timeout", "4"],
+            "auth_token": "s3cret-token",
+        },
+        n_rows=40,
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.cli", "up", str(config)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not read_metrics(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert read_metrics(run_dir), "no step was trained"
+        # A client without the run's token is refused by the controller.
+        ready = (run_dir / "ready" / "controller.json").read_text()
+        address = __import__("json").loads(ready)["address"]
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            asyncio.run(fetch_status(address))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        victims = gateway_pids(config)
+        assert len(victims) == 2
+        os.kill(victims[0], signal.SIGKILL)
+        _out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "starting gateway-r1" in err  # the killed gateway was replaced
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    rows = Journal(run_dir / "controller.sqlite").rows()
+    trained = [r for r, info in rows.items() if info["status"] == "trained"]
+    assert len(trained) == 5 * 2 and len(set(trained)) == len(trained)
+    assert all(info["trained_count"] <= 1 for info in rows.values())
+    assert all(info["status"] in ("trained", "queued", "rejected") for info in rows.values())
+
+
+def test_misbehaving_rollouts_are_dropped_and_counted(up_run):
+    result, run_dir = up_run({"max_steps": 3}, {"rollout": "tests.integration.up.rollouts:make_faulty_rollout_fn"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = read_metrics(run_dir)[-1]
+    assert last["step"] == 3
+    assert last["producer/samples_dropped_error"] >= 1
+    assert last["producer/samples_dropped_none"] >= 1
+    assert last["producer/samples_dropped_invalid"] >= 1
+    gateway_log = (run_dir / "gateway-0.log").read_text()
+    assert "ZeroDivisionError" in gateway_log and "invalid RolloutSample.loss_mask" in gateway_log
+
+
+def test_a_rollout_that_always_fails_opens_the_circuit_breaker(up_run):
+    result, _ = up_run({}, {"rollout": "tests.integration.up.rollouts:make_broken_rollout_fn"}, timeout_s=300)
+    assert result.returncode == 1
+    assert "circuit breaker open" in result.stderr
+    assert "5 consecutive rollout failures" in result.stderr
