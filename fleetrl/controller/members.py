@@ -71,5 +71,8 @@ class MemberRegistry:
         member = self.members[member_id]
         member.version, member.fenced, member.fence_reason = version, False, ""
 
+    def remove(self, member_id: str) -> None:
+        self.members.pop(member_id, None)
+
     def dead(self, now: float) -> list[Member]:
         return [m for m in self.members.values() if not m.alive(now, self.heartbeat_timeout_s)]

@@ -125,7 +125,13 @@ class RowScheduler:
 
     def expire(self, now: float) -> list[int]:
         """Requeue every row whose lease deadline has passed."""
-        expired = [rid for rid, lease in self.leases.items() if lease.deadline <= now]
+        return self._requeue_leases([rid for rid, lease in self.leases.items() if lease.deadline <= now])
+
+    def release_gateway(self, gateway_id: str) -> list[int]:
+        """A gateway is dead (missed heartbeats): requeue its rows now instead of waiting for their deadlines."""
+        return self._requeue_leases([rid for rid, lease in self.leases.items() if lease.gateway_id == gateway_id])
+
+    def _requeue_leases(self, expired: list[int]) -> list[int]:
         for row_id in expired:
             del self.leases[row_id]
             self.gate.resolve(row_id, accepted=False)

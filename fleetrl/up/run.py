@@ -79,71 +79,32 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig) -> int
             signal.signal(sig, handler)
 
 
+def _pick_ports(*names: str) -> list[str]:
+    """`--<name>-port 0` for each endpoint: every service binds a free port and reports it in its ready file."""
+    return [flag for name in names for flag in (f"--{name}-port", "0")]
+
+
+def _address(info: dict[str, Any]) -> str:
+    return f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
+
+
 def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, config_path: Path) -> Child:
     t = up.startup_timeout_s
     model = ["--model", run.base_model]
-    replicas = [
-        sup.start(
-            f"inference-{i}",
-            "inference",
-            [
-                *model,
-                "--engine",
-                up.engine,
-                "--grpc-port",
-                "0",
-                "--http-port",
-                "0",
-                "--metrics-port",
-                "0",
-                "--seed",
-                str(run.seed + i),
-                *up.inference_args,
-            ],
-        )
-        for i in range(up.replicas)
-    ]
+    replicas = []
+    for i in range(up.replicas):
+        args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
+        replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args]))
     reference_args: list[str] = []
     if run.kl_beta > 0:
-        reference = sup.start("reference", "reference", [*model, "--grpc-port", "0", "--metrics-port", "0"])
-        info = sup.wait_ready(reference, t)
-        reference_args = ["--reference", f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"]
-    trainer = sup.start(
-        "trainer",
-        "trainer",
-        [
-            *common,
-            "--grpc-port",
-            "0",
-            "--groups-port",
-            "0",
-            "--weights-port",
-            "0",
-            "--metrics-port",
-            "0",
-            *reference_args,
-            *up.trainer_args,
-        ],
-    )
-    trainer_info = sup.wait_ready(trainer, t)
-    inference_flags = []
-    for replica in replicas:
-        info = sup.wait_ready(replica, t)
-        inference_flags += ["--inference", f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"]
-    controller = sup.start(
-        "controller",
-        "controller",
-        [
-            *common,
-            "--trainer",
-            f"{trainer_info.get('host', '127.0.0.1')}:{trainer_info['grpc_port']}",
-            *inference_flags,
-            "--grpc-port",
-            "0",
-            "--metrics-port",
-            "0",
-        ],
-    )
+        reference = sup.start("reference", "reference", [*model, *_pick_ports("grpc", "metrics")])
+        reference_args = ["--reference", _address(sup.wait_ready(reference, t))]
+    trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *up.trainer_args]
+    trainer = sup.start("trainer", "trainer", trainer_args)
+    trainer_address = _address(sup.wait_ready(trainer, t))
+    inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
+    controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
+    controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
     sup.wait_ready(controller, t)
     return controller
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -31,6 +32,15 @@ class Child:
 
     def poll(self) -> int | None:
         return self.process.poll()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: Linux sends it SIGTERM when `fleetrl up` dies, even by SIGKILL."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: children are still stopped by stop_all on any normal exit
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -68,6 +78,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
+                preexec_fn=_die_with_parent,
             )
         child = Child(name, kind, argv, log_path, process, ready_file)
         self.children.append(child)

@@ -102,9 +102,18 @@ class Orchestrator:
             except grpc.aio.AioRpcError as exc:
                 log.debug("%s %s did not answer Status: %s", member.kind, member.member_id, exc.code().name)
 
+    def release_dead_gateways(self) -> None:
+        """A gateway that stopped heartbeating is gone: its rows go back to the queue at once."""
+        for member in self.members.dead(self.clock()):
+            if member.kind == "gateway":
+                rows = self.scheduler.release_gateway(member.member_id)
+                self.members.remove(member.member_id)
+                log.warning("gateway %s missed its heartbeats: requeued rows %s", member.member_id, rows)
+
     async def _poll_forever(self) -> None:
         while not self.finished:
             await self.poll_members()
+            self.release_dead_gateways()
             self.scheduler.expire(self.clock())
             await asyncio.sleep(self.heartbeat_interval_s)
 

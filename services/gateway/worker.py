@@ -60,6 +60,7 @@ class Gateway:
         limit = self.run_cfg.max_concurrency or self.config.rows_in_flight * self.run_cfg.completions_per_prompt
         self._slots = asyncio.Semaphore(limit)
         self._last_contact = time.monotonic()
+        self.heartbeat_interval_s = 2.0
 
     # --- controller calls ----------------------------------------------------------------------
     async def _call(self, method: Any, request: Any) -> Any:
@@ -99,15 +100,13 @@ class Gateway:
         self.rollout_fn = self.rollout_factory(setup)
         tasks: set[asyncio.Task[None]] = set()
         try:
-            await self._call(
-                self.stub.Register,
-                controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id=self.gateway_id),
-            )
+            await self._register()
             log.info("gateway %s started (controller %s)", self.gateway_id, self.config.controller_address)
             while True:
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)
                     task.result()  # surfaces CircuitOpenError and bugs
+                await self._heartbeat_if_due()
                 want = self.config.rows_in_flight - len(tasks)
                 reply = None
                 if want > 0:
@@ -143,6 +142,22 @@ class Gateway:
             if self._sender is not None:
                 self._sender.close()
             await channel.close()
+
+    async def _register(self) -> None:
+        reply = await self._call(
+            self.stub.Register,
+            controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id=self.gateway_id),
+        )
+        if reply is not None:
+            self.heartbeat_interval_s = reply.heartbeat_interval_s or self.heartbeat_interval_s
+
+    async def _heartbeat_if_due(self) -> None:
+        """Busy gateways do not lease; the heartbeat keeps the controller from taking their rows back."""
+        if time.monotonic() - self._last_contact < self.heartbeat_interval_s:
+            return
+        reply = await self._call(self.stub.Heartbeat, controller_pb2.HeartbeatRequest(member_id=self.gateway_id))
+        if reply is not None and not reply.known:
+            await self._register()
 
     # --- one row -------------------------------------------------------------------------------
     async def process_row(self, leased: Any) -> None:

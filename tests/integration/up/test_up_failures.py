@@ -32,7 +32,8 @@ def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
         {
             "gateways": 2,
             "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
-            "controller_args": ["--lease-timeout", "4"],
+            "controller_args": ["--lease-timeout", "120", "--heartbeat-timeout", "5"],
+            "gateway_args": ["--max-rows-in-flight", "1"],  # both gateways always hold a row
             "auth_token": "s3cret-token",
         },
         n_rows=40,
@@ -67,6 +68,8 @@ def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
     assert "starting gateway-r1" in err  # the killed gateway was replaced
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5]
+    # The killed gateway missed its heartbeats: its row came back long before its 120 s lease would expire.
+    assert metrics[-1]["producer/rows_requeued_expired"] >= 1
     rows = Journal(run_dir / "controller.sqlite").rows()
     trained = [r for r, info in rows.items() if info["status"] == "trained"]
     assert len(trained) == 5 * 2 and len(set(trained)) == len(trained)

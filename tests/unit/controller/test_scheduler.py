@@ -142,3 +142,14 @@ def test_max_steps_counts_steps_being_trained():
     s.report(leases[1].row_id, "failed", now=3)  # requeued: its slot may be leased again
     again = s.lease("gw", 10, now=3)
     assert [lease.row_id for lease in again] == [leases[1].row_id]
+
+
+def test_release_gateway_requeues_only_its_rows():
+    s = make(p=2, g=2, o=1)
+    a = s.lease("gw-a", 2, now=0)
+    b = s.lease("gw-b", 2, now=0)
+    assert sorted(s.release_gateway("gw-a")) == sorted(lease.row_id for lease in a)
+    assert set(s.leases) == {lease.row_id for lease in b}
+    assert s.counters["rows_requeued_expired"] == 2
+    again = s.lease("gw-b", 2, now=1)
+    assert {lease.row_id for lease in again} == {lease.row_id for lease in a}

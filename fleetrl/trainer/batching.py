@@ -1,0 +1,156 @@
+"""From rollout groups to optimizer batches: advantages, step statistics, and how a batch is split.
+
+A step is P groups. Each group's rewards become advantages (fleetrl.advantages); a group with fewer than
+two valid samples carries no relative signal and is skipped. The step's B samples are split into
+`num_minibatches` minibatches (one optimizer step each, the PPO inner loop), each minibatch across the
+data-parallel ranks, and each rank's share into micro-batches (gradient accumulation).
+
+Splitting must not change the loss: `part_loss_scale` gives the factor that makes the sum of the
+parts' aggregated losses equal the loss of the whole minibatch for every `loss_agg_mode`.
+
+Pure logic: no sockets, no process groups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from fleetrl.advantages import group_advantages
+from fleetrl.groups import RolloutGroup
+from fleetrl.rollout import RolloutSample
+
+
+@dataclass
+class StepBatch:
+    """The samples of one step with their advantages, and what was left out."""
+
+    samples: list[RolloutSample]
+    advantages: list[float]
+    row_ids: list[int]  # rows whose samples are in `samples`
+    skipped_row_ids: list[int] = field(default_factory=list)  # fewer than 2 valid samples
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.samples)
+
+
+def build_step_batch(
+    groups: Sequence[RolloutGroup], *, advantage_mode: str = "standardize", train_version: int = 0
+) -> StepBatch:
+    """Advantages per group and the step's data statistics.
+
+    train_version: the policy version this step trains against (the version offset of a sample is
+    train_version minus the oldest version that generated one of its trainable tokens).
+    """
+    samples: list[RolloutSample] = []
+    advantages: list[float] = []
+    row_ids: list[int] = []
+    skipped: list[int] = []
+    for group in groups:
+        group_adv = group_advantages(group.rewards, mode=advantage_mode)  # type: ignore[arg-type]
+        if group_adv is None:
+            skipped.append(group.row_id)
+            continue
+        samples.extend(group.samples)
+        advantages.extend(group_adv)
+        row_ids.append(group.row_id)
+    batch = StepBatch(samples, advantages, row_ids, skipped)
+    batch.stats = step_stats(groups, batch, train_version)
+    return batch
+
+
+def _sample_offset(sample: RolloutSample, submit_version: int, train_version: int) -> int:
+    if sample.versions is None:
+        return train_version - submit_version
+    versions = [v for v, m in zip(sample.versions, sample.loss_mask, strict=True) if m]
+    return train_version - (min(versions) if versions else submit_version)
+
+
+def step_stats(groups: Sequence[RolloutGroup], batch: StepBatch, train_version: int) -> dict[str, float]:
+    """reward/mean|std, env/all/<metric>, async/version_offset_mean|max, and sizes."""
+    kept = set(batch.row_ids)
+    rewards: list[float] = []
+    offsets: list[int] = []
+    metric_sums: dict[str, list[float]] = {}
+    for group in groups:
+        if group.row_id not in kept:
+            continue
+        for s in group.samples:
+            rewards.append(float(s.reward))
+            offsets.append(_sample_offset(s, group.submit_version, train_version))
+            for key, value in s.metrics.items():
+                metric_sums.setdefault(key, []).append(float(value))
+    stats: dict[str, float] = {
+        "data/groups": float(len(batch.row_ids)),
+        "data/groups_skipped": float(len(batch.skipped_row_ids)),
+        "data/samples": float(len(batch.samples)),
+        "data/tokens": float(sum(len(s.tokens) for s in batch.samples)),
+        "data/trainable_tokens": float(sum(sum(s.loss_mask[1:]) for s in batch.samples)),
+    }
+    if rewards:
+        mean = sum(rewards) / len(rewards)
+        stats["reward/mean"] = mean
+        stats["reward/std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
+        stats["async/version_offset_mean"] = sum(offsets) / len(offsets)
+        stats["async/version_offset_max"] = float(max(offsets))
+    for key, values in sorted(metric_sums.items()):
+        stats[f"env/all/{key}"] = sum(values) / len(values)
+    return stats
+
+
+def split_even(n: int, parts: int) -> list[range]:
+    """Split range(n) into `parts` contiguous ranges whose sizes differ by at most one."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    base, extra = divmod(n, parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(range(start, start + size))
+        start += size
+    return out
+
+
+def chunk(indices: Sequence[int], size: int | None) -> list[list[int]]:
+    """Consecutive chunks of at most `size` (None: one chunk)."""
+    items = list(indices)
+    if size is None or size >= len(items):
+        return [items] if items else []
+    if size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {size}")
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What a whole minibatch normalises by: its trainable tokens and its sequences that have any."""
+
+    tokens: float
+    sequences: float
+
+    @classmethod
+    def of(cls, masks: Sequence[Sequence[int]]) -> Totals:
+        counts = [sum(m) for m in masks]
+        return cls(float(sum(counts)), float(sum(1 for c in counts if c > 0)))
+
+
+def part_loss_scale(mode: str, part_mask_BT: torch.Tensor, totals: Totals) -> float:
+    """Factor turning a part's aggregated loss into its share of the whole minibatch's loss.
+
+    token-mean: the part's masked tokens / all masked tokens. seq-mean-*: the part's sequences with
+    masked tokens / all such sequences (seq-mean-token-sum-norm also needs the same constant K in
+    every part; the trainer passes the minibatch's padded length explicitly). sum: 1.
+    """
+    if mode == "sum":
+        return 1.0
+    if mode == "token-mean":
+        return float(part_mask_BT.sum()) / totals.tokens if totals.tokens else 0.0
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        sequences = float((part_mask_BT.sum(dim=-1) > 0).sum())
+        return sequences / totals.sequences if totals.sequences else 0.0
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")

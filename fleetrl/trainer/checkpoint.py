@@ -1,0 +1,188 @@
+"""Trainer checkpoints with torch.distributed.checkpoint (DCP), and resume.
+
+A checkpoint is a folder `<checkpoint_dir>/step-<version>` holding:
+- the DCP shards of the model and optimizer state (each rank writes its own shards, so FSDP2 runs
+  save and load without gathering; a checkpoint can be loaded by a different world size),
+- `trainer_state.json`: steps done, version, optimizer steps, published version, the data position
+  the coordinator told us, the trained row ids (deduplication survives a restart), the LR scheduler
+  state,
+- `rng-rank<r>.json`: each rank's RNG states (torch, cuda, python `random`).
+
+`<checkpoint_dir>/latest` names the newest complete checkpoint; it is replaced atomically only after
+every rank has finished writing, so a crash mid-save leaves the previous checkpoint as latest.
+JSON everywhere we choose the format (no pickle of our own state).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import random
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fleetrl.trainer.distributed import DistContext, barrier
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+STATE_FILE = "trainer_state.json"
+
+
+@dataclass
+class TrainerState:
+    """The trainer's progress, saved with every checkpoint."""
+
+    steps_done: int = 0  # optimizer batches trained = the policy version
+    optimizer_steps: int = 0  # inner-loop steps (num_minibatches per batch)
+    published_version: int = -1
+    data_position: Any = None  # opaque JSON from the coordinator (e.g. the dataset cursor)
+    trained_row_ids: list[int] = field(default_factory=list)
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    base_model: str = ""
+
+    @property
+    def version(self) -> int:
+        return self.steps_done
+
+
+@contextlib.contextmanager
+def _single_process_ok(ctx: DistContext) -> Iterator[None]:
+    """Without a process group DCP warns that it assumes one process; that is what we mean. Saving a
+    version again (a Finish after a periodic save) overwrites it on purpose, which DCP also warns about."""
+    with warnings.catch_warnings():
+        if not ctx.enabled:
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+        yield
+
+
+def checkpoint_path(root: str | Path, version: int) -> Path:
+    return Path(root) / f"step-{version:08d}"
+
+
+def _json_safe(obj: Any) -> Any:
+    """The LR scheduler's state as JSON: numbers, strings, lists, dicts (callables dropped)."""
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items() if not callable(v)}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    return None
+
+
+def _encode_tensor(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+
+
+def _decode_byte_tensor(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "torch": _encode_tensor(torch.get_rng_state()),
+        "python": _json_safe(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_encode_tensor(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(_decode_byte_tensor(state["torch"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([_decode_byte_tensor(s) for s in state["cuda"]])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(
+    root: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    state: TrainerState,
+    ctx: DistContext,
+) -> Path:
+    """Write a checkpoint of `state.version`; every rank must call it. Returns its folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    path = checkpoint_path(root, state.version)
+    path.mkdir(parents=True, exist_ok=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _single_process_ok(ctx):
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    _write_atomic(path / f"rng-rank{ctx.rank}.json", json.dumps(rng_state()))
+    if ctx.is_main:
+        state.scheduler = _json_safe(scheduler.state_dict())
+        _write_atomic(path / STATE_FILE, json.dumps(asdict(state)))
+    barrier(ctx)
+    if ctx.is_main:
+        _write_atomic(Path(root) / LATEST, path.name + "\n")
+        logger.info("checkpoint of version %d saved to %s", state.version, path)
+    barrier(ctx)
+    return path
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    """The newest complete checkpoint under `root`, or None when there is none."""
+    pointer = Path(root) / LATEST
+    if not pointer.exists():
+        return None
+    path = Path(root) / pointer.read_text().strip()
+    if not (path / STATE_FILE).exists():
+        raise FileNotFoundError(f"{pointer} names {path}, which has no {STATE_FILE}")
+    return path
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ctx: DistContext,
+) -> TrainerState:
+    """Restore model, optimizer, scheduler and this rank's RNG from `path`; return the state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    state_file = path / STATE_FILE
+    if not state_file.exists():
+        raise FileNotFoundError(f"not a trainer checkpoint (no {STATE_FILE}): {path}")
+    data = json.loads(state_file.read_text())
+    state = TrainerState(**data)
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    loaded = {"model": model_sd, "optim": optim_sd}
+    with _single_process_ok(ctx):
+        dcp.load(loaded, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    scheduler.load_state_dict(state.scheduler)
+    rng_file = path / f"rng-rank{ctx.rank}.json"
+    if rng_file.exists():
+        set_rng_state(json.loads(rng_file.read_text()))
+    else:
+        logger.warning("%s missing (saved with another world size?): RNG not restored", rng_file)
+    logger.info("resumed from %s at version %d", path, state.version)
+    return state

@@ -1,0 +1,157 @@
+"""Data-parallel training across processes: FSDP2 sharding, full-weight gathering, rank-0 broadcasts.
+
+Under `torchrun --nproc-per-node N` (world size > 1) every rank loads the model and shards it with
+FSDP2 (`fully_shard` per decoder layer, then the root). Rank 0 owns the sockets: it receives groups,
+talks to the reference service and publishes weights; it broadcasts each command and its data to
+the other ranks as plain tensors (JSON bytes for small payloads), so nothing is pickled.
+With world size 1 everything here is a no-op and no process group is created.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DistContext:
+    """This process's place among the data-parallel ranks."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    comm_device: str = "cpu"  # where broadcast buffers live: cuda for nccl, cpu for gloo
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, *, device: str = "cpu", timeout_s: float = 3600.0) -> DistContext:
+        """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; init the process group when world > 1.
+
+        Backend: nccl for cuda, gloo for cpu. `timeout_s` bounds every collective, including the
+        followers' wait for rank 0's next command.
+        """
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cuda = device.startswith("cuda")
+        comm = f"cuda:{local_rank}" if cuda else "cpu"
+        ctx = cls(int(os.environ.get("RANK", "0")), world, local_rank, comm)
+        if ctx.enabled and not dist.is_initialized():
+            backend = "nccl" if cuda else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+            logger.info("rank %d/%d: process group up (%s)", ctx.rank, world, backend)
+        return ctx
+
+    def device(self, device: str) -> torch.device:
+        if device.startswith("cuda") and self.enabled:
+            return torch.device("cuda", self.local_rank)
+        return torch.device(device)
+
+
+def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
+    """FSDP2: shard each decoder layer, then the root (embeddings, final norm, lm head)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    layers = _decoder_layers(model)
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
+    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style)."""
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    layers = getattr(base, "layers", None) or getattr(base, "h", None)
+    if layers is None:
+        logger.warning("no decoder layer list found; sharding the whole model as one unit")
+        return []
+    return list(layers)
+
+
+def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on rank 0, on CPU; an empty dict on the other ranks.
+
+    Every rank must call it (it all-gathers the shards). With world size 1 it is the model's own
+    state dict (live tensors: consumers that keep them must copy, as the weight publisher does).
+    """
+    if not ctx.enabled:
+        return model.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(model, options=options)
+
+
+def broadcast_json(obj: Any, ctx: DistContext) -> Any:
+    """Rank 0's JSON-able `obj` on every rank (others pass anything, e.g. None)."""
+    if not ctx.enabled:
+        return obj
+    if ctx.is_main:
+        data = json.dumps(obj).encode()
+        size = torch.tensor([len(data)], dtype=torch.long, device=ctx.comm_device)
+    else:
+        size = torch.zeros(1, dtype=torch.long, device=ctx.comm_device)
+    dist.broadcast(size, src=0)
+    if ctx.is_main:
+        buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(ctx.comm_device)
+    else:
+        buf = torch.empty(int(size.item()), dtype=torch.uint8, device=ctx.comm_device)
+    dist.broadcast(buf, src=0)
+    return obj if ctx.is_main else json.loads(bytes(buf.cpu().numpy()).decode())
+
+
+def broadcast_tensors(
+    tensors: dict[str, torch.Tensor] | None, specs: dict[str, tuple[torch.dtype, int]], ctx: DistContext
+) -> dict[str, torch.Tensor]:
+    """Broadcast 1-D CPU tensors from rank 0; `specs` gives every rank their dtype and length."""
+    if not ctx.enabled:
+        assert tensors is not None
+        return tensors
+    out: dict[str, torch.Tensor] = {}
+    for name, (dtype, length) in specs.items():
+        if ctx.is_main:
+            assert tensors is not None
+            t = tensors[name].contiguous().to(ctx.comm_device)
+        else:
+            t = torch.empty(length, dtype=dtype, device=ctx.comm_device)
+        dist.broadcast(t, src=0)
+        out[name] = t.cpu()
+    return out
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
+    """Element-wise sum of a list of floats over all ranks (float64)."""
+    if not ctx.enabled or not values:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.comm_device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu().tolist()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def destroy(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

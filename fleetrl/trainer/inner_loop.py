@@ -1,0 +1,218 @@
+"""The PPO inner loop: forward/backward over micro-batches and ranks, and the optimizer step.
+
+`InnerLoop.train_batch(datums, advantages, ...)` runs `num_minibatches` optimizer steps over one batch (the
+PPO inner loop of Schulman et al. 2017: `old_logprobs` fixed at the start of the batch by a no-grad forward
+when there is more than one minibatch, else old = current, detached). Each minibatch is split across
+data-parallel ranks and each rank's share into micro-batches; every part's loss is scaled by its share of
+the minibatch (fleetrl.trainer.batching.part_loss_scale) so the gradient is that of the whole minibatch.
+`PolicyTrainer` owns one; tests call `accumulate_gradients` and `compute_logprobs` directly.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from fleetrl.datum import Datum, collate
+from fleetrl.losses import policy_loss, resolve_loss_settings
+from fleetrl.trainer import distributed as fdist
+from fleetrl.trainer.batching import Totals, chunk, part_loss_scale, split_even
+from fleetrl.trainer.model import target_logprobs
+
+
+def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, row in enumerate(rows):
+        out[i, : row.numel()] = row
+    return out
+
+
+class InnerLoop:
+    """Gradient accumulation and optimizer steps for one model on this rank."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        ctx: fdist.DistContext,
+        device: torch.device,
+        pad_id: int,
+        micro_batch_size: int | None = None,
+    ) -> None:
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 (or None), got {micro_batch_size}")
+        self.cfg = cfg
+        self.loss_name: str = cfg.policy_loss
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.ctx = ctx
+        self.device = device
+        self.pad_id = pad_id
+        self.micro_batch_size = micro_batch_size
+        self.optimizer_steps = 0
+        self.timers: dict[str, float] = {}
+        """Seconds spent per phase since the last reset (fwd_bwd, optim, old_logprobs, ref_wait)."""
+
+    def _loss_settings(self, width: int) -> Any:
+        settings = resolve_loss_settings(self.loss_name, self.cfg)
+        if settings.loss_agg_mode == "seq-mean-token-sum-norm" and settings.loss_agg_constant is None:
+            # The constant must be the same in every micro-batch and on every rank: the padded
+            # length of the whole minibatch, as if it ran in one piece.
+            settings = replace(settings, loss_agg_constant=float(width))
+        return settings
+
+    def _my_micro_batches(self, rows: Sequence[int]) -> list[list[int]]:
+        """This rank's micro-batches of `rows`, padded with empty ones to the count of the busiest
+        rank: FSDP's collectives run once per forward, so every rank must run as many."""
+        shares = [[rows[j] for j in r] for r in split_even(len(rows), self.ctx.world_size)]
+        count = max(1, *(len(chunk(share, self.micro_batch_size)) for share in shares))
+        mine = chunk(shares[self.ctx.rank], self.micro_batch_size)
+        return mine + [[] for _ in range(count - len(mine))]
+
+    def _collate(self, datums: Sequence[Datum], rows: Sequence[int]) -> tuple[Any, int]:
+        if rows:
+            return collate([datums[i] for i in rows], pad_token_id=self.pad_id), len(rows)
+        dummy = Datum([self.pad_id], [self.pad_id], [0], [0.0])
+        return collate([dummy], pad_token_id=self.pad_id), 0
+
+    @torch.no_grad()
+    def compute_logprobs(
+        self, datums: Sequence[Datum], minibatches: Sequence[Sequence[int]]
+    ) -> dict[int, torch.Tensor]:
+        """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
+        the `old_logprobs` of the PPO inner loop."""
+        started = time.perf_counter()
+        old: dict[int, torch.Tensor] = {}
+        for rows in minibatches:
+            for micro in self._my_micro_batches(rows):
+                batch, _ = self._collate(datums, micro)
+                logprobs, _ = target_logprobs(
+                    self.model,
+                    batch.input_tokens_BT.to(self.device),
+                    batch.target_tokens_BT.to(self.device),
+                    temperature=self.cfg.temperature,
+                )
+                for j, i in enumerate(micro):
+                    old[i] = logprobs[j, : len(datums[i])].float().cpu()
+        self.timers["old_logprobs"] = self.timers.get("old_logprobs", 0.0) + time.perf_counter() - started
+        return old
+
+    def train_batch(
+        self,
+        datums: list[Datum],
+        advantages: torch.Tensor,
+        ref_rows: list[torch.Tensor] | None,
+        ref_future: Future[list[list[float]]] | None,
+    ) -> dict[str, float]:
+        """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
+        minibatch. Returns the batch's loss metrics (token-weighted over all ranks)."""
+        # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
+        minibatches = [list(r) for r in split_even(len(datums), self.cfg.num_minibatches) if r]
+        old = self.compute_logprobs(datums, minibatches) if len(minibatches) > 1 else None
+        sums: dict[str, float] = {}
+        grad_norms: list[float] = []
+        for rows in minibatches:
+            if ref_rows is None and ref_future is not None:
+                wait_started = time.perf_counter()
+                ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref_future.result()]
+                self.timers["ref_wait"] = self.timers.get("ref_wait", 0.0) + time.perf_counter() - wait_started
+            part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)
+            for key, value in part.items():
+                sums[key] = sums.get(key, 0.0) + value
+            grad_norms.append(self.optimizer_step())
+        # The minibatch sums were reduced over ranks; normalise once for the whole batch.
+        tokens = max(sums.pop("_tokens"), 1.0)
+        metrics = {key.removeprefix("_tok/"): value / tokens for key, value in sums.items() if key.startswith("_tok/")}
+        metrics["loss"] = sums["_loss"] / len(minibatches)
+        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
+        metrics["optimizer_steps"] = float(len(minibatches))
+        return metrics
+
+    def accumulate_gradients(
+        self,
+        datums: Sequence[Datum],
+        advantages: torch.Tensor,
+        rows: Sequence[int],
+        *,
+        old: Mapping[int, torch.Tensor] | None = None,
+        ref_rows: Sequence[torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
+
+        The gradient is that of the minibatch's loss as if it ran in one piece on one rank. Returns
+        sums over all ranks: "_loss" (the minibatch loss), "_tokens" (its trainable tokens) and
+        "_tok/<metric>" token-weighted sums of the loss metrics and the entropy.
+        """
+        started = time.perf_counter()
+        totals = Totals.of([datums[i].weights for i in rows])
+        settings = self._loss_settings(max(len(datums[i]) for i in rows))
+        world = self.ctx.world_size
+        sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
+        for micro in self._my_micro_batches(rows):
+            batch, n = self._collate(datums, micro)
+            mask = batch.mask_BT.to(self.device)
+            logprobs, entropy = target_logprobs(
+                self.model,
+                batch.input_tokens_BT.to(self.device),
+                batch.target_tokens_BT.to(self.device),
+                temperature=self.cfg.temperature,
+                entropy_mask_BT=mask,
+            )
+            width = logprobs.shape[1]
+            old_BT = (
+                _pad_rows([old[i] for i in micro], width).to(self.device)
+                if old is not None and n
+                else logprobs.detach()
+            )
+            ref_BT = (
+                _pad_rows([ref_rows[i] for i in micro], width).to(self.device) if ref_rows is not None and n else None
+            )
+            adv = advantages[list(micro)].to(self.device) if n else torch.zeros(1, device=self.device)
+            loss, loss_metrics = policy_loss(
+                self.loss_name,
+                logprobs,
+                old_BT,
+                batch.rollout_logprobs_BT.to(self.device),
+                adv,
+                mask,
+                ref_logprobs=ref_BT if self.cfg.kl_beta > 0 else None,
+                cfg=settings,
+            )
+            scale = part_loss_scale(settings.loss_agg_mode, mask, totals)
+            # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
+            (loss * (scale * world)).backward()
+            tokens = float(mask.sum())
+            sums["_loss"] += float(loss.detach()) * scale
+            sums["_tokens"] += tokens
+            for key, value in loss_metrics.items():
+                sums[f"_tok/{key}"] = sums.get(f"_tok/{key}", 0.0) + value * tokens
+            assert entropy is not None
+            sums["_tok/entropy"] = sums.get("_tok/entropy", 0.0) + float((entropy * mask).sum())
+        keys = sorted(sums)
+        reduced = fdist.all_reduce_sum([sums[k] for k in keys], self.ctx)
+        self.timers["fwd_bwd"] = self.timers.get("fwd_bwd", 0.0) + time.perf_counter() - started
+        return dict(zip(keys, reduced, strict=True))
+
+    def optimizer_step(self) -> float:
+        """Clip, step AdamW and the LR schedule, clear grads; return the pre-clip grad norm."""
+        started = time.perf_counter()
+        max_norm = self.cfg.grad_clip_norm if self.cfg.grad_clip_norm is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        self.timers["optim"] = self.timers.get("optim", 0.0) + time.perf_counter() - started
+        return float(norm)

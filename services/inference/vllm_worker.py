@@ -1,0 +1,272 @@
+"""vLLM worker extension: versioned in-place weight loads from the fleetrl weight stream.
+
+`VLLMEngine` passes ``worker_extension_cls=WORKER_EXTENSION`` to vLLM, which mixes `WeightSwapExtension` into
+its worker class in every worker process (one per tensor-parallel rank); the engine then calls the
+``fleetrl_*`` methods below through ``AsyncLLM.collective_rpc``. Only a small handle (weight-stream address,
+version, auth token) crosses the rpc: tensors do not travel well as rpc arguments, so each worker fetches the
+bytes itself.
+
+A load is three rpcs, so that the expensive part never blocks generation:
+1. ``fleetrl_stage_weights(handle)`` starts a background thread in the worker and returns at once (rpcs run
+   inside vLLM's engine-core loop, between two model steps, so a long rpc would stall generation). The thread
+   opens the stream, checks the manifest (version, names, shapes, dtypes) against the model's expected state
+   dict before any tensor byte moves, then receives every tensor into CPU memory, each verified against its
+   checksum by the stream.
+2. ``fleetrl_stage_status(load_id)`` is polled until every rank reports "ready" or one reports "failed".
+3. ``fleetrl_apply_staged(load_id)``, called by the engine under ``pause_generation(mode="keep")``, loads the
+   staged tensors in place with the worker's ``reload_weights`` (vLLM's layerwise reload: it re-runs each
+   layer's post-load processing, which the CPU backend needs because it prepacks linear weights for
+   oneDNN and drops the originals, so a plain ``model.load_weights`` would not reach the kernels).
+
+Everything that can reject a load runs in step 1, before the model is touched, so a rejected load leaves the
+previous version serving. ``fleetrl_discard_staged`` drops a staged copy that will not be applied.
+
+The expected state dict is the one ``AutoModelForCausalLM`` has for the served config (names as the trainer's
+``model.state_dict()`` gives them, built on the meta device so nothing is allocated), every floating tensor in
+the served dtype; tied aliases (``lm_head.weight`` of a tied model) may be missing and are never loaded twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "fleetrl.services.inference.vllm_worker.WeightSwapExtension"
+
+STAGE_FETCHING = "fetching"
+STAGE_READY = "ready"
+STAGE_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """What a load must contain: name -> (shape, dtype name), and names that may be left out."""
+
+    tensors: dict[str, tuple[tuple[int, ...], str]]
+    optional: frozenset[str] = frozenset()  # tied aliases: accepted, never loaded twice
+
+
+def spec_from_state_dict(state_dict: dict[str, Any], served_dtype: str) -> WeightSpec:
+    """The spec of a (possibly meta) state dict, floating tensors in `served_dtype` (e.g. "float32").
+
+    Tensors sharing storage with an earlier one (tied embeddings) become optional aliases.
+    """
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+    seen: dict[tuple[int, int], str] = {}
+    optional = set()
+    for name, tensor in state_dict.items():
+        dtype = served_dtype if tensor.is_floating_point() else str(tensor.dtype).removeprefix("torch.")
+        tensors[name] = (tuple(tensor.shape), dtype)
+        # Meta tensors have no storage to compare; tied weights are the same Parameter object.
+        key = (id(tensor), 0) if tensor.is_meta else (tensor.untyped_storage().data_ptr(), 1)
+        if seen.setdefault(key, name) != name:
+            optional.add(name)
+    return WeightSpec(tensors, frozenset(optional))
+
+
+def expected_weight_spec(hf_config: Any, served_dtype: str, model_dir: str | None = None) -> WeightSpec:
+    """The state dict a trainer's ``AutoModelForCausalLM`` publishes for `hf_config`.
+
+    Built on the meta device (no memory). If transformers cannot build the architecture, falls back to the
+    tensor names and shapes in the checkpoint's safetensors headers under `model_dir`.
+    """
+    import torch
+
+    try:
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(hf_config)
+        # keep_vars: tied names map to the same Parameter object, which is how meta aliases show.
+        return spec_from_state_dict(model.state_dict(keep_vars=True), served_dtype)
+    except (ValueError, KeyError, TypeError, ImportError, RuntimeError) as exc:
+        if model_dir is None or not Path(model_dir).is_dir():
+            raise RuntimeError(
+                f"cannot determine the model's expected weights: transformers cannot build "
+                f"{type(hf_config).__name__} ({exc}) and there is no local checkpoint to read"
+            ) from exc
+        logger.warning("building the weight spec from checkpoint headers: %s", exc)
+        return _spec_from_checkpoint(Path(model_dir), served_dtype)
+
+
+def _spec_from_checkpoint(model_dir: Path, served_dtype: str) -> WeightSpec:
+    from safetensors import safe_open
+
+    tensors: dict[str, tuple[tuple[int, ...], str]] = {}
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise RuntimeError(f"no *.safetensors checkpoint in {model_dir} to build the weight spec from")
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open objects are not iterable)
+                piece = f.get_slice(name)
+                dtype = piece.get_dtype()
+                is_float = dtype.startswith(("F", "BF"))
+                tensors[name] = (tuple(piece.get_shape()), served_dtype if is_float else dtype)
+    return WeightSpec(tensors)
+
+
+def check_manifest(manifest: Any, version: int, spec: WeightSpec) -> None:
+    """Reject (WeightLoadError naming the problem) a manifest that is not `version` or does not match `spec`."""
+    from fleetrl.services.inference.engine import WeightLoadError, check_state_dict_matches
+
+    if manifest.version != version:
+        raise WeightLoadError(f"asked for weights version {version}, the stream sent {manifest.version}")
+    check_state_dict_matches(spec.tensors, {entry.name: entry for entry in manifest.tensors}, optional=spec.optional)
+
+
+@dataclass(eq=False)
+class _Staged:
+    load_id: str
+    version: int
+    state: str = STAGE_FETCHING
+    error: str = ""
+    checksum: str = ""
+    nbytes: int = 0
+    transfer_s: float = 0.0
+    tensors: list[tuple[str, Any]] = field(default_factory=list)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "load_id": self.load_id,
+            "version": self.version,
+            "state": self.state,
+            "error": self.error,
+            "checksum": self.checksum,
+            "nbytes": self.nbytes,
+            "transfer_s": self.transfer_s,
+        }
+
+
+def _fetch_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> None:
+    """Fetch, verify and validate one version into CPU memory (runs in a background thread)."""
+    from fleetrl.services.inference.engine import WeightLoadError
+    from fleetrl.weights import WeightTransferError, iter_weights
+
+    start = time.perf_counter()
+    try:
+        with iter_weights(
+            handle["address"],
+            staged.version,
+            timeout_s=float(handle.get("timeout_s", 120.0)),
+            auth_token=handle.get("auth_token"),
+            verify=True,
+        ) as stream:
+            # Reject a mismatched version before a single tensor byte moves.
+            check_manifest(stream.manifest, staged.version, spec)
+            tensors = []
+            for name, tensor in stream:
+                if staged.cancelled.is_set():
+                    raise WeightLoadError("the load was cancelled")
+                if name not in spec.optional:
+                    tensors.append((name, tensor))
+            manifest = stream.manifest
+    except (WeightTransferError, WeightLoadError, ValueError) as exc:
+        staged.error, staged.state = str(exc), STAGE_FAILED
+        return
+    except Exception as exc:  # a background thread must report every failure, not die silently
+        logger.exception("staging weights version %d failed", staged.version)
+        staged.error, staged.state = f"unexpected error while fetching: {exc!r}", STAGE_FAILED
+        return
+    staged.tensors = tensors
+    staged.checksum = manifest.checksum
+    staged.nbytes = manifest.total_bytes
+    staged.transfer_s = time.perf_counter() - start
+    staged.state = STAGE_READY
+
+
+class WeightSwapExtension:
+    """Mixed into vLLM's worker class (``self`` is the worker: ``self.model_config``, ``reload_weights``).
+
+    Every method returns plain dicts (they cross vLLM's rpc); errors are reported in them, not raised, so the
+    engine gets a clear message from each rank. Method names start with ``fleetrl_`` because vLLM refuses an
+    extension whose attributes collide with the worker's.
+    """
+
+    def fleetrl_weight_spec(self) -> dict[str, Any]:
+        """The expected weights (name -> [shape, dtype]) and the optional aliases, cached per worker."""
+        spec = self._fleetrl_get_spec()
+        return {
+            "tensors": {k: [list(s), d] for k, (s, d) in spec.tensors.items()},
+            "optional": sorted(spec.optional),
+        }
+
+    def _fleetrl_get_spec(self) -> WeightSpec:
+        spec = getattr(self, "_fleetrl_spec", None)
+        if spec is None:
+            model_config = self.model_config  # type: ignore[attr-defined]
+            served = str(model_config.dtype).removeprefix("torch.")
+            spec = expected_weight_spec(model_config.hf_config, served, model_config.model)
+            self._fleetrl_spec = spec
+        return spec
+
+    def fleetrl_stage_weights(self, handle: dict[str, Any]) -> dict[str, Any]:
+        """Start fetching ``handle["version"]`` from ``handle["address"]`` in the background; return at once.
+
+        handle: {"load_id", "address", "version", "auth_token" (or None), "timeout_s"}. A previous staged
+        copy that was never applied is dropped.
+        """
+        self.fleetrl_discard_staged(None)
+        staged = _Staged(load_id=str(handle["load_id"]), version=int(handle["version"]))
+        try:
+            spec = self._fleetrl_get_spec()
+        except Exception as exc:  # reported to the engine as a failed stage
+            staged.error, staged.state = str(exc), STAGE_FAILED
+            self._fleetrl_staged = staged
+            return staged.status()
+        self._fleetrl_staged = staged
+        threading.Thread(
+            target=_fetch_into,
+            args=(staged, dict(handle), spec),
+            name=f"fleetrl-stage-v{staged.version}",
+            daemon=True,
+        ).start()
+        return staged.status()
+
+    def fleetrl_stage_status(self, load_id: str) -> dict[str, Any]:
+        staged = getattr(self, "_fleetrl_staged", None)
+        if staged is None or staged.load_id != load_id:
+            return {"load_id": load_id, "state": STAGE_FAILED, "error": "no such staged load"}
+        return staged.status()
+
+    def fleetrl_apply_staged(self, load_id: str) -> dict[str, Any]:
+        """Load the staged tensors in place (the engine has paused generation). Drops the staged copy."""
+        staged = getattr(self, "_fleetrl_staged", None)
+        if staged is None or staged.load_id != load_id or staged.state != STAGE_READY:
+            state = "missing" if staged is None or staged.load_id != load_id else staged.state
+            return {"ok": False, "touched": False, "error": f"staged load {load_id} is {state}"}
+        self._fleetrl_staged = None
+        start = time.perf_counter()
+        try:
+            # The worker's in-place reload (layerwise: re-runs post-load processing such as CPU prepacking).
+            self.reload_weights(  # type: ignore[attr-defined]
+                weights_iterator=iter(staged.tensors), is_checkpoint_format=True
+            )
+        except Exception as exc:  # validated beforehand, so this is a bug; the model may be half-updated
+            logger.exception("in-place load of weights version %d failed", staged.version)
+            return {"ok": False, "touched": True, "error": f"in-place load failed: {exc!r}"}
+        finally:
+            staged.tensors = []
+        return {
+            "ok": True,
+            "version": staged.version,
+            "checksum": staged.checksum,
+            "apply_s": time.perf_counter() - start,
+        }
+
+    def fleetrl_discard_staged(self, load_id: str | None) -> bool:
+        """Drop the staged copy (``load_id`` None: whatever is staged). True if something was dropped."""
+        staged = getattr(self, "_fleetrl_staged", None)
+        if staged is None or (load_id is not None and staged.load_id != load_id):
+            return False
+        staged.cancelled.set()
+        staged.tensors = []
+        self._fleetrl_staged = None
+        return True

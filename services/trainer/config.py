@@ -1,0 +1,84 @@
+"""`TrainerServiceConfig`: the policy trainer service's settings around the run `Config` (pure pydantic)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from fleetrl.config import Config
+
+
+class TrainerConfigError(ValueError):
+    """A config that cannot run; the message names the field."""
+
+
+class TrainerServiceConfig(BaseModel):
+    """Ports: 0 picks a free one (read them from Status or the ready file); metrics None = off."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run: Config = Field(..., description="The run config (base_model, loss, optimizer, intervals, ...).")
+    host: str = Field("127.0.0.1", description="Address every endpoint binds to (loopback default).")
+    grpc_port: int = Field(50071, ge=0, le=65535, description="Trainer control gRPC port (0 = pick).")
+    groups_port: int = Field(5571, ge=0, le=65535, description="ZeroMQ PULL port for rollout groups (0 = pick).")
+    weights_port: int = Field(5572, ge=0, le=65535, description="Weight stream (publisher) port (0 = pick).")
+    metrics_port: int | None = Field(9403, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")
+    reference: str | None = Field(
+        None,
+        description="Where ref logprobs come from when kl_beta > 0: HOST:PORT of `fleetrl serve reference`, "
+        "or 'local' (a frozen copy in this process). Unused when kl_beta = 0.",
+    )
+    auth_token: str | None = Field(
+        None, description="Shared token for gRPC, the group stream and the weight stream; None = $FLEETRL_AUTH_TOKEN."
+    )
+    device: str = Field("cpu", description="torch device: cpu or cuda (under torchrun: one GPU per rank).")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="Samples per forward/backward (gradient accumulation); None = a whole minibatch."
+    )
+    total_steps: int | None = Field(
+        None, ge=1, description="Run length in batches for linear/cosine LR decay; None = run.max_steps."
+    )
+    resume: bool = Field(False, description="Restore the latest checkpoint in checkpoint_dir before serving.")
+    checkpoint_dir: str | None = Field(None, description="DCP checkpoints; None = <log_path>/checkpoints.")
+    output_dir: str | None = Field(None, description="Final HF export; None = run.output_dir or <log_path>/final.")
+    standalone: str | None = Field(
+        None, description="Train from this JSONL of recorded groups with no other service, then exit."
+    )
+    auto_steps: bool = Field(
+        False, description="Without a coordinator: train a step whenever P groups have arrived (arrival order)."
+    )
+    record_groups: str | None = Field(None, description="Append every received group to this JSONL file.")
+    group_wait_timeout_s: float = Field(300.0, gt=0, description="TrainStep waits this long for missing groups.")
+    reference_timeout_s: float = Field(300.0, gt=0, description="A ComputeLogprobs call fails after this.")
+    dist_timeout_s: float = Field(3600.0, gt=0, description="Collective timeout under torchrun (incl. idle waits).")
+    max_message_mb: int = Field(256, ge=1, description="gRPC / group message size limit in MiB.")
+    shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
+    ready_file: str | None = Field(None, description="Write the bound addresses as JSON here once serving.")
+    log_level: str = Field("INFO", description="Python log level name.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerServiceConfig:
+        if not self.run.base_model:
+            raise ValueError("run.base_model: the model to train is required (path or hub id)")
+        if self.run.kl_beta > 0 and self.reference is None:
+            raise ValueError(
+                f"reference: run.kl_beta = {self.run.kl_beta} > 0 needs reference logprobs: pass --reference "
+                "HOST:PORT (fleetrl serve reference) or --reference local, or set kl_beta = 0"
+            )
+        ports = [p for p in (self.grpc_port, self.groups_port, self.weights_port, self.metrics_port) if p]
+        if len(ports) != len(set(ports)):
+            raise ValueError(
+                f"ports must differ: grpc {self.grpc_port}, groups {self.groups_port}, "
+                f"weights {self.weights_port}, metrics {self.metrics_port}"
+            )
+        return self
+
+    @classmethod
+    def build(cls, data: dict[str, Any]) -> TrainerServiceConfig:
+        """Validate a dict (with `run` a Config or a dict); errors name the offending field."""
+        try:
+            return cls(**data)
+        except ValidationError as exc:
+            lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
+            raise TrainerConfigError("invalid trainer config: " + "; ".join(lines)) from None

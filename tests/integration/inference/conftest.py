@@ -1,0 +1,38 @@
+"""Fixtures for the inference integration tests: ONE vLLM engine shared by every vLLM test of the session.
+
+A vLLM engine costs ~30 s to start (it spawns an engine-core and a worker process), so all vLLM test modules
+share `vllm_engine`. AsyncLLM is bound to the event loop it runs on, hence the session-scoped event loop: tests
+that use the fixture mark themselves `pytest.mark.asyncio(loop_scope="session")` (see VLLM_TEST_MARKS).
+
+vLLM is optional: without it the fixture skips the test (modules also `pytest.importorskip("vllm")`). The KV
+cache is sized explicitly (1 GiB, the engine's kv_cache_memory_bytes, like VLLM_CPU_KVCACHE_SPACE=1), since the
+CPU backend otherwise wants most of the machine's memory. vLLM starts its processes with spawn; that works
+under pytest because the spawned children import this package by name, not a test file's `__main__`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+VLLM_TEST_MARKS = [
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.asyncio(loop_scope="session"),
+]
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def vllm_engine(tiny_model_dir: str) -> AsyncIterator[object]:
+    """A started VLLMEngine serving the session's tiny model (float32, 1 GiB KV cache, eager)."""
+    pytest.importorskip("vllm")
+    from fleetrl.services.inference.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=1024, kv_cache_gib=1.0, seed=0)
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()

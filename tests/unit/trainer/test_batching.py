@@ -1,0 +1,78 @@
+"""Step building and batch splitting: advantages per group, step statistics, and split-invariant losses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fleetrl.groups import RolloutGroup
+from fleetrl.losses import policy_loss
+from fleetrl.rollout import RolloutSample
+from fleetrl.trainer.batching import Totals, build_step_batch, chunk, part_loss_scale, split_even
+
+
+def _sample(reward: float, versions: list[int] | None = None, metrics: dict | None = None) -> RolloutSample:
+    return RolloutSample(
+        tokens=[1, 2, 3, 4],
+        logprobs=[0.0, 0.0, -1.0, -1.0],
+        loss_mask=[0, 0, 1, 1],
+        reward=reward,
+        versions=versions,
+        metrics=metrics or {},
+    )
+
+
+def test_advantages_per_group_and_groups_of_one_skipped():
+    groups = [
+        RolloutGroup(7, 3, [_sample(r) for r in (1.0, 0.0, 0.0, 1.0)]),
+        RolloutGroup(8, 3, [_sample(1.0)]),
+    ]
+    batch = build_step_batch(groups, train_version=4)
+    assert [round(a, 3) for a in batch.advantages] == [0.866, -0.866, -0.866, 0.866]
+    assert batch.row_ids == [7] and batch.skipped_row_ids == [8] and batch.num_samples == 4
+    assert batch.stats["reward/mean"] == 0.5 and batch.stats["data/groups_skipped"] == 1
+    assert batch.stats["async/version_offset_max"] == 1.0  # no per-token versions: submit_version
+
+
+def test_center_mode_and_version_offsets_from_trainable_tokens():
+    samples = [
+        _sample(2.0, versions=[0, 0, 5, 6], metrics={"correct": 1}),
+        _sample(0.0, versions=[9, 9, 3, 4], metrics={"correct": 0}),
+    ]
+    batch = build_step_batch([RolloutGroup(1, 2, samples)], advantage_mode="center", train_version=6)
+    assert batch.advantages == [1.0, -1.0]
+    # Offsets count the oldest *generated* token: 6-5 and 6-3 (prompt versions are ignored).
+    assert batch.stats["async/version_offset_mean"] == 2.0 and batch.stats["async/version_offset_max"] == 3.0
+    assert batch.stats["env/all/correct"] == 0.5
+
+
+def test_split_even_and_chunk():
+    assert [list(r) for r in split_even(7, 3)] == [[0, 1, 2], [3, 4], [5, 6]]
+    assert [list(r) for r in split_even(1, 2)] == [[0], []]
+    assert chunk([4, 5, 6], 2) == [[4, 5], [6]] and chunk([4, 5], None) == [[4, 5]] and chunk([], 2) == []
+    with pytest.raises(ValueError):
+        split_even(3, 0)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "sum"])
+def test_parts_scaled_sum_to_the_whole_batch_loss(mode):
+    g = torch.Generator().manual_seed(0)
+    B, T = 5, 6
+    mask = (torch.rand(B, T, generator=g) > 0.4).float()
+    mask[3] = 0.0  # a sequence with no trainable token
+    mask[0, 0] = 1.0
+    logprobs = -torch.rand(B, T, generator=g) * 3
+    old = logprobs + 0.1 * torch.randn(B, T, generator=g)
+    advantages = torch.randn(B, generator=g)
+
+    class Cfg:
+        loss_agg_mode = mode
+        loss_agg_constant = float(T)  # what the trainer passes for sum-norm: the minibatch's width
+
+    whole, _ = policy_loss("ppo", logprobs, old, old, advantages, mask, cfg=Cfg)
+    totals = Totals.of(mask.int().tolist())
+    parts = 0.0
+    for rows in ([0, 1], [2], [3, 4]):
+        part, _ = policy_loss("ppo", logprobs[rows], old[rows], old[rows], advantages[rows], mask[rows], cfg=Cfg)
+        parts += float(part) * part_loss_scale(mode, mask[rows], totals)
+    assert parts == pytest.approx(float(whole), rel=1e-6, abs=1e-7)
