@@ -35,7 +35,6 @@ def sample_metrics(samples: Sequence[RolloutSample], version_offsets: Sequence[i
         "reward/std": math.sqrt(var),
         "reward/min": min(rewards),
         "reward/max": max(rewards),
-        "samples": float(len(samples)),
     }
     totals: dict[str, list[float]] = defaultdict(list)
     for s in samples:
@@ -46,7 +45,6 @@ def sample_metrics(samples: Sequence[RolloutSample], version_offsets: Sequence[i
     ac_tokens = sum(s.num_generated for s in samples)
     turns = sum(assistant_turns(s.loss_mask) for s in samples)
     out["ac_tokens_per_turn"] = ac_tokens / max(turns, 1)
-    out["tokens/total"] = float(sum(len(s.tokens) for s in samples))
     out["tokens/generated"] = float(ac_tokens)
     out["finish/length_frac"] = sum(s.finish_reason == "length" for s in samples) / len(samples)
     if version_offsets:

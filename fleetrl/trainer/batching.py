@@ -13,7 +13,6 @@ Pure logic: no sockets, no process groups.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -22,6 +21,7 @@ import torch
 from fleetrl.advantages import group_advantages
 from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.step_metrics import sample_metrics
 
 
 @dataclass
@@ -72,19 +72,17 @@ def _sample_offset(sample: RolloutSample, submit_version: int, train_version: in
 
 
 def step_stats(groups: Sequence[RolloutGroup], batch: StepBatch, train_version: int) -> dict[str, float]:
-    """reward/mean|std, env/all/<metric>, async/version_offset_mean|max, and sizes."""
+    """reward/*, env/all/<metric>, ac_tokens_per_turn, async/version_offset_mean|max (fleetrl.step_metrics), and
+    batch sizes."""
     kept = set(batch.row_ids)
-    rewards: list[float] = []
+    samples: list[RolloutSample] = []
     offsets: list[int] = []
-    metric_sums: dict[str, list[float]] = {}
     for group in groups:
         if group.row_id not in kept:
             continue
         for s in group.samples:
-            rewards.append(float(s.reward))
+            samples.append(s)
             offsets.append(_sample_offset(s, group.submit_version, train_version))
-            for key, value in s.metrics.items():
-                metric_sums.setdefault(key, []).append(float(value))
     stats: dict[str, float] = {
         "data/groups": float(len(batch.row_ids)),
         "data/groups_skipped": float(len(batch.skipped_row_ids)),
@@ -92,14 +90,7 @@ def step_stats(groups: Sequence[RolloutGroup], batch: StepBatch, train_version: 
         "data/tokens": float(sum(len(s.tokens) for s in batch.samples)),
         "data/trainable_tokens": float(sum(sum(s.loss_mask[1:]) for s in batch.samples)),
     }
-    if rewards:
-        mean = sum(rewards) / len(rewards)
-        stats["reward/mean"] = mean
-        stats["reward/std"] = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards))
-        stats["async/version_offset_mean"] = sum(offsets) / len(offsets)
-        stats["async/version_offset_max"] = float(max(offsets))
-    for key, values in sorted(metric_sums.items()):
-        stats[f"env/all/{key}"] = sum(values) / len(values)
+    stats.update(sample_metrics(samples, offsets))
     return stats
 
 

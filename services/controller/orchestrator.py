@@ -237,6 +237,7 @@ class Orchestrator:
         samples = trainer_metrics.get("data/samples", 0.0)
         tokens = trainer_metrics.get("data/tokens", 0.0)
         line: dict[str, Any] = {**trainer_metrics, "step": step.step, "version": int(reply.version)}
+        line["time"] = time.time()
         offsets = step.version_offsets or (0,)
         line["async/version_offset_mean"] = sum(offsets) / len(offsets)
         line["async/version_offset_max"] = max(offsets)

@@ -31,6 +31,12 @@ class GatewayMetrics(Collector):
         for outcome in ("accepted", "rejected", "failed"):
             rows.add_metric([outcome], counters.get(f"rows_{outcome}", 0))
         yield rows
+        yield CounterMetricFamily(
+            "fleetrl_gateway_row_seconds",
+            "Lease-to-report seconds summed over rows.",
+            value=self.gateway.row_seconds_sum,
+        )
+        yield CounterMetricFamily("fleetrl_gateway_rows_done", "Rows reported.", value=counters.get("rows_done", 0))
         yield GaugeMetricFamily(
             "fleetrl_gateway_circuit_open",
             "1 when the circuit breaker is open.",

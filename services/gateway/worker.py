@@ -61,6 +61,7 @@ class Gateway:
         self._slots = asyncio.Semaphore(limit)
         self._last_contact = time.monotonic()
         self.heartbeat_interval_s = 2.0
+        self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
 
     # --- controller calls ----------------------------------------------------------------------
     async def _call(self, method: Any, request: Any) -> Any:
@@ -124,7 +125,12 @@ class Gateway:
                     for leased in reply.rows:
                         tasks.add(asyncio.create_task(self.process_row(leased), name=f"row-{leased.row_id}"))
                     if reply.run_finished and not tasks:
-                        log.info("run finished; gateway %s exits (%s)", self.gateway_id, dict(self.counters))
+                        log.info(
+                            "run finished; gateway %s exits (%s, row_seconds_sum=%.3f)",
+                            self.gateway_id,
+                            dict(self.counters),
+                            self.row_seconds_sum,
+                        )
                         return 0
                 idle = reply is None or not reply.rows
                 if tasks:
@@ -161,6 +167,7 @@ class Gateway:
 
     # --- one row -------------------------------------------------------------------------------
     async def process_row(self, leased: Any) -> None:
+        started = time.monotonic()
         row = json.loads(leased.row_json)
         g = self.run_cfg.completions_per_prompt
         results = await asyncio.gather(*(self.one_rollout(row) for _ in range(g)))
@@ -189,6 +196,8 @@ class Gateway:
         await self._call(
             self.stub.ReportRows, controller_pb2.ReportRowsRequest(gateway_id=self.gateway_id, reports=[report])
         )
+        self.counters["rows_done"] += 1
+        self.row_seconds_sum += time.monotonic() - started
 
     async def send(self, group: Any) -> None:
         if self._sender is None:
