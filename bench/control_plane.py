@@ -61,7 +61,7 @@ def serve_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "fleetrl.cli", "serve", *args]
 
 
-async def run(groups_per_step: int, group_size: int, steps: int, offpolicy: int) -> dict:
+async def run(groups_per_step: int, group_size: int, steps: int, offpolicy: int, rows_in_flight: int) -> dict:
     received = {"groups": 0}
     receiver = GroupReceiver(on_group=lambda g: received.__setitem__("groups", received["groups"] + 1)).start()
     trainer_server, trainer_port = create_grpc_server(
@@ -119,7 +119,7 @@ async def run(groups_per_step: int, group_size: int, steps: int, offpolicy: int)
             "--controller",
             address,
             "--max-rows-in-flight",
-            "64",
+            str(rows_in_flight),
             "--set",
             f'tokenizer_model="{TOKENIZER}"',
         ),
@@ -141,14 +141,14 @@ async def run(groups_per_step: int, group_size: int, steps: int, offpolicy: int)
     span = metrics[-1]["time"] - metrics[0]["time"]
     rollouts = (len(metrics) - 1) * groups_per_step * group_size  # steps after the first (startup excluded)
     gateway_log = (work / "gateway.log").read_text()
-    done = int(re.search(r"'rows_done': (\d+)", gateway_log).group(1))
-    seconds = float(re.search(r"row_seconds_sum=([0-9.]+)", gateway_log).group(1))
+    p50, p99 = (float(x) for x in re.search(r"p50=([0-9.]+) ms p99=([0-9.]+) ms", gateway_log).groups())
     return {
         "steps": len(metrics),
         "groups_received": received["groups"],
         "rollouts_per_s": rollouts / span,
         "rows_per_s": rollouts / group_size / span,
-        "row_latency_ms": 1000 * seconds / done,
+        "row_latency_p50_ms": p50,
+        "row_latency_p99_ms": p99,
         "controller_rc": controller.returncode,
         "gateway_rc": gateway.returncode,
     }
@@ -164,12 +164,13 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--offpolicy", type=int, default=4)
+    parser.add_argument("--rows-in-flight", type=int, default=64, help="the gateway's --max-rows-in-flight")
     args = parser.parse_args()
     from fleetrl.tiny_model import build_tiny_model
 
     TOKENIZER = str(build_tiny_model(Path(tempfile.mkdtemp(prefix="fleetrl-bench-tok-")) / "m"))
     t0 = time.monotonic()
-    result = asyncio.run(run(args.groups_per_step, args.group_size, args.steps, args.offpolicy))
+    result = asyncio.run(run(args.groups_per_step, args.group_size, args.steps, args.offpolicy, args.rows_in_flight))
     result["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(result, indent=2))
 

@@ -1,4 +1,7 @@
-"""A trivial rollout for bench/control_plane.py: no inference call, a fixed 8-token sample, a random reward."""
+"""A trivial rollout for bench/control_plane.py: no inference call, a fixed 8-token sample, a random reward.
+
+No per-token versions: the controller then takes each group's submit version as its oldest token.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,6 @@ def make_rollout_fn(setup: RolloutSetup):
             logprobs=[0.0, 0.0, 0.0, 0.0, -0.5, -0.5, -0.5, -0.5],
             loss_mask=[0, 0, 0, 0, 1, 1, 1, 1],
             reward=float(rng.random() < 0.5),
-            versions=[0] * 8,
         )
 
     return rollout_fn

@@ -12,6 +12,7 @@ All methods take `now` (seconds) from the caller, so the logic is testable witho
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from fleetrl.controller.dataset import CursorPosition, DatasetCursor
 from fleetrl.controller.journal import Journal
 from fleetrl.gate import OffPolicyGate
 
+log = logging.getLogger(__name__)
 Outcome = Literal["accepted", "rejected", "failed"]
 COUNTERS = (
     "rows_leased",
@@ -29,6 +31,7 @@ COUNTERS = (
     "rows_requeued_stale",
     "rows_requeued_expired",
     "rows_requeued_failed",
+    "rows_failed_stale",
     "late_reports",
 )
 
@@ -181,6 +184,22 @@ class RowScheduler:
         offset = (step - 1) - oldest
         if offset > self.max_offpolicy and self.stale_policy == "requeue":
             self.gate.resolve(lease.row_id, accepted=False)
+            if lease.attempt >= self.max_attempts:
+                # Stale on every attempt: its tokens keep reporting an old version (a rollout that does not pass
+                # the sampler's versions through, or a replica that never catches up). Requeuing forever would
+                # hang the run, so the row is closed, loudly.
+                self.counters["rows_failed_stale"] += 1
+                self._journal_row(lease.row_id, "failed", lease.submit_version)
+                log.warning(
+                    "row %d was stale on %d attempts (oldest token version %d, step %d trains against %d); giving up "
+                    "on it: check that the rollout returns the sampler's per-token versions",
+                    lease.row_id,
+                    lease.attempt,
+                    oldest,
+                    step,
+                    step - 1,
+                )
+                return "failed"
             self.queue.append(lease.row_id)
             self.counters["rows_requeued_stale"] += 1
             self._journal_row(lease.row_id, "queued", lease.submit_version)

@@ -15,7 +15,8 @@ import os
 import socket
 import time
 import traceback
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -32,6 +33,13 @@ from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 log = logging.getLogger(__name__)
 EXIT_CIRCUIT_OPEN = 3
 RECOVERABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def latency_quantiles(values: Sequence[float], quantiles: Sequence[float]) -> list[float]:
+    ordered = sorted(values)
+    if not ordered:
+        return [float("nan")] * len(quantiles)
+    return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in quantiles]
 
 
 class ControllerLost(RuntimeError):
@@ -62,6 +70,7 @@ class Gateway:
         self._last_contact = time.monotonic()
         self.heartbeat_interval_s = 2.0
         self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
+        self.row_latencies_s: deque[float] = deque(maxlen=100_000)
 
     # --- controller calls ----------------------------------------------------------------------
     async def _call(self, method: Any, request: Any) -> Any:
@@ -126,10 +135,10 @@ class Gateway:
                         tasks.add(asyncio.create_task(self.process_row(leased), name=f"row-{leased.row_id}"))
                     if reply.run_finished and not tasks:
                         log.info(
-                            "run finished; gateway %s exits (%s, row_seconds_sum=%.3f)",
+                            "run finished; gateway %s exits (%s, row latency p50=%.2f ms p99=%.2f ms)",
                             self.gateway_id,
                             dict(self.counters),
-                            self.row_seconds_sum,
+                            *(1000 * q for q in latency_quantiles(self.row_latencies_s, (0.5, 0.99))),
                         )
                         return 0
                 idle = reply is None or not reply.rows
@@ -198,6 +207,7 @@ class Gateway:
         )
         self.counters["rows_done"] += 1
         self.row_seconds_sum += time.monotonic() - started
+        self.row_latencies_s.append(time.monotonic() - started)
 
     async def send(self, group: Any) -> None:
         if self._sender is None:

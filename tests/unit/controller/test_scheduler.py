@@ -153,3 +153,13 @@ def test_release_gateway_requeues_only_its_rows():
     assert s.counters["rows_requeued_expired"] == 2
     again = s.lease("gw-b", 2, now=1)
     assert {lease.row_id for lease in again} == {lease.row_id for lease in a}
+
+
+def test_a_row_stale_on_every_attempt_is_closed_not_requeued_forever():
+    s = make(p=1, g=2, o=0, max_attempts=2)
+    for expected in ("stale", "failed"):
+        (lease,) = s.lease("gw", 1, now=0)
+        assert s.report(lease.row_id, "accepted", now=1, min_version=-5) == expected
+    assert s.counters["rows_failed_stale"] == 1
+    (fresh,) = s.lease("gw", 1, now=2)
+    assert fresh.row_id != lease.row_id
