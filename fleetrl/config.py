@@ -112,6 +112,7 @@ class Config(BaseModel):
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
     evaluation_interval: int = Field(0, ge=0, description="Evaluate every N steps; 0 = start/end.")
+    eval_dataset: str | None = Field(None, description="JSONL of held-out rows for the evaluation hook.")
 
     @model_validator(mode="before")
     @classmethod

@@ -121,6 +121,7 @@ class RolloutSetup:
         sample_kwargs: the run's sampling settings (max_tokens, temperature, top_p, top_k).
         completions_per_prompt: G, the group size.
         extras: free-form values from the config (`rollout_extras`).
+        max_seq_len: the longest trajectory the trainer takes; longer samples are dropped and counted.
     """
 
     tokenizer: Any = None
@@ -128,6 +129,7 @@ class RolloutSetup:
     sample_kwargs: dict[str, Any] = field(default_factory=dict)
     completions_per_prompt: int = 2
     extras: dict[str, Any] = field(default_factory=dict)
+    max_seq_len: int | None = None
 
 
 RolloutFn = Callable[[dict[str, Any]], Awaitable[RolloutSample | None]]

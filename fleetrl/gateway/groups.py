@@ -46,6 +46,7 @@ def assemble_group(
     min_samples: int = 2,
     dynamic_filter: DynamicFilter | None = None,
     source: str = "",
+    max_seq_len: int | None = None,
 ) -> AssembledGroup:
     candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
@@ -57,6 +58,11 @@ def assemble_group(
         elif not isinstance(result, RolloutSample):
             dropped["invalid"] += 1
             log.warning("row %d: rollout returned %s, expected RolloutSample or None", row_id, type(result).__name__)
+        elif max_seq_len is not None and len(result.tokens) > max_seq_len:
+            dropped["too_long"] += 1
+            log.warning(
+                "row %d: dropped a sample of %d tokens > max_seq_len %d", row_id, len(result.tokens), max_seq_len
+            )
         else:
             candidates.append(result)
     group = split_valid(RolloutGroup(row_id, submit_version, candidates, source=source))

@@ -15,6 +15,10 @@ class UpConfig(BaseModel):
 
     rollout: str = Field(..., description="Rollout factory: 'module:make_rollout_fn' or 'path/file.py:attr'.")
     dynamic_filter: str | None = Field(None, description="'uniform' (drop equal-reward groups) or 'module:fn'.")
+    evaluation: str | None = Field(
+        None,
+        description="Evaluation hook 'module:fn' or 'file.py:fn' (async fn(setup, rows) -> dict), run by gateway-0.",
+    )
     engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine of every replica.")
     replicas: int = Field(1, ge=1, description="Inference replicas.")
     gateways: int = Field(1, ge=1, description="Rollout gateways.")

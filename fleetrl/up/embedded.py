@@ -36,6 +36,12 @@ def factory_spec(factory: Any) -> str:
         if script is None:
             raise ConfigError("rollout_fn_factory is defined in an interactive session; put it in a file")
         return f"{Path(script).resolve()}:{qualname}"
+    # A module imported from next to the script (`from rollout import make_rollout_fn`) is importable only from
+    # that folder: name it by its file so the gateways find it from any working directory.
+    module_file = getattr(sys.modules.get(module), "__file__", None)
+    script = getattr(sys.modules["__main__"], "__file__", None)
+    if module_file and script and Path(module_file).resolve().parent == Path(script).resolve().parent:
+        return f"{Path(module_file).resolve()}:{qualname}"
     return f"{module}:{qualname}"
 
 

@@ -65,7 +65,12 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig) -> int
         ]
         if up.dynamic_filter:
             gateway_argv += ["--dynamic-filter", up.dynamic_filter]
-        gateways = [sup.start(f"gateway-{i}", "gateway", gateway_argv, ready=False) for i in range(up.gateways)]
+        gateways = []
+        for i in range(up.gateways):
+            args = list(gateway_argv)
+            if i == 0 and up.evaluation:  # one gateway evaluates held-out rows when the controller asks
+                args += ["--evaluation", _rollout_spec(up.evaluation, config_path.parent)]
+            gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
         return _watch(sup, controller, gateways, gateway_argv, up, metrics_path, run, stop_requested)
     except ServiceFailed as exc:
         print(
@@ -104,6 +109,8 @@ def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, 
     trainer_address = _address(sup.wait_ready(trainer, t))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
+    if up.evaluation:
+        controller_args.append("--evaluation")
     controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
     sup.wait_ready(controller, t)
     return controller
@@ -143,7 +150,7 @@ def _watch(
                 sup.children.remove(child)
                 name = f"gateway-r{restarts}"
                 print(f"\nfleetrl up: {child.name} exited with {code}; starting {name}", file=sys.stderr)
-                gateways.append(sup.start(name, "gateway", gateway_argv, ready=False))
+                gateways.append(sup.start(name, "gateway", child.argv[5:], ready=False))  # same role, same flags
             else:
                 raise ServiceFailed(child, f"{child.name} exited with code {code}")
         if controller is not None and (code := controller.poll()) is not None:

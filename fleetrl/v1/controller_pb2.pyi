@@ -56,12 +56,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "run_finished")
+    __slots__ = ("known", "run_finished", "evaluate_version")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     known: bool
     run_finished: bool
-    def __init__(self, known: _Optional[bool] = ..., run_finished: _Optional[bool] = ...) -> None: ...
+    evaluate_version: int
+    def __init__(self, known: _Optional[bool] = ..., run_finished: _Optional[bool] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class LeaseRowsRequest(_message.Message):
     __slots__ = ("gateway_id", "max_rows")
@@ -96,20 +98,22 @@ class Replica(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class LeaseRowsResponse(_message.Message):
-    __slots__ = ("rows", "run_finished", "retry_after_s", "replicas", "groups_address", "version")
+    __slots__ = ("rows", "run_finished", "retry_after_s", "replicas", "groups_address", "version", "evaluate_version")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVALUATE_VERSION_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[LeasedRow]
     run_finished: bool
     retry_after_s: float
     replicas: _containers.RepeatedCompositeFieldContainer[Replica]
     groups_address: str
     version: int
-    def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+    evaluate_version: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class RowReport(_message.Message):
     __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples")
@@ -205,3 +209,24 @@ class RunStatus(_message.Message):
     error: str
     last_metrics: _containers.ScalarMap[str, float]
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., trained_steps: _Optional[int] = ..., max_steps: _Optional[int] = ..., counters: _Optional[_Mapping[str, int]] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., finished: _Optional[bool] = ..., error: _Optional[str] = ..., last_metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ReportEvalRequest(_message.Message):
+    __slots__ = ("version", "metrics", "gateway_id")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    metrics: _containers.ScalarMap[str, float]
+    gateway_id: str
+    def __init__(self, version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., gateway_id: _Optional[str] = ...) -> None: ...
+
+class ReportEvalResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -59,6 +59,11 @@ class ControllerStub:
                 request_serializer=fleetrl_dot_v1_dot_controller__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=fleetrl_dot_v1_dot_controller__pb2.RunStatus.FromString,
                 _registered_method=True)
+        self.ReportEval = channel.unary_unary(
+                '/fleetrl.v1.Controller/ReportEval',
+                request_serializer=fleetrl_dot_v1_dot_controller__pb2.ReportEvalRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_controller__pb2.ReportEvalResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -99,6 +104,13 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportEval(self, request, context):
+        """The evaluator gateway's held-out results for one policy version (written to metrics.jsonl as eval/*).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -126,6 +138,11 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=fleetrl_dot_v1_dot_controller__pb2.GetStatusRequest.FromString,
                     response_serializer=fleetrl_dot_v1_dot_controller__pb2.RunStatus.SerializeToString,
+            ),
+            'ReportEval': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportEval,
+                    request_deserializer=fleetrl_dot_v1_dot_controller__pb2.ReportEvalRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_controller__pb2.ReportEvalResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -263,6 +280,33 @@ class Controller:
             '/fleetrl.v1.Controller/GetStatus',
             fleetrl_dot_v1_dot_controller__pb2.GetStatusRequest.SerializeToString,
             fleetrl_dot_v1_dot_controller__pb2.RunStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportEval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Controller/ReportEval',
+            fleetrl_dot_v1_dot_controller__pb2.ReportEvalRequest.SerializeToString,
+            fleetrl_dot_v1_dot_controller__pb2.ReportEvalResponse.FromString,
             options,
             channel_credentials,
             insecure,

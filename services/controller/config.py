@@ -32,6 +32,10 @@ class ControllerConfig(BaseModel):
     train_step_timeout_s: float = Field(1800.0, gt=0, description="One TrainStep call fails after this.")
     weight_push_timeout_s: float = Field(300.0, gt=0, description="A replica not loaded by then is fenced.")
     start_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the trainer and a replica.")
+    evaluation: bool = Field(
+        False, description="An evaluator gateway runs: evaluate at start, every run.evaluation_interval steps, at end."
+    )
+    eval_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the start and final evaluations.")
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the bound addresses as JSON here once serving.")
     metrics_jsonl: str | None = Field(None, description="Per-step metrics; None = <log_path>/metrics.jsonl.")

@@ -8,6 +8,7 @@ scheduler and registry with this loop on one asyncio event loop (so no locks are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -43,6 +44,8 @@ class Orchestrator:
         weight_push_timeout_s: float = 300.0,
         heartbeat_interval_s: float = 2.0,
         start_timeout_s: float = 600.0,
+        evaluation: bool = False,
+        eval_timeout_s: float = 600.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.run_cfg = run
@@ -60,6 +63,11 @@ class Orchestrator:
         self.error = ""
         self.last_metrics: dict[str, float] = {}
         self.groups_address = ""  # the trainer's rollout-group PULL address, from its Status
+        self.evaluation = evaluation
+        self.eval_timeout_s = eval_timeout_s
+        self.evaluate_version = -1  # the version an evaluator should evaluate now (-1: none)
+        self.evaluated: dict[int, dict[str, float]] = {}
+        self.hold_leases = evaluation  # no rollouts until version 0 is evaluated: the start accuracy is exact
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._last_step_end = clock()
         self._counters_at_last_step = dict(scheduler.counters)
@@ -136,6 +144,9 @@ class Orchestrator:
         poller = asyncio.create_task(self._poll_forever(), name="member-poller")
         try:
             await self.wait_for_members()
+            if self.evaluation:
+                await self.evaluate(self.scheduler.gate.version, wait=True)
+                self.hold_leases = False
             log.info("run started: version %d, %s", self.scheduler.gate.version, self.scheduler.snapshot())
             while True:
                 if poller.done():
@@ -151,6 +162,8 @@ class Orchestrator:
                         self.scheduler.expire(self.clock())
                     continue
                 await self.train_and_publish(step)
+            if self.evaluation:
+                await self.evaluate(self.scheduler.gate.version, wait=True)
             await self.finish()
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
@@ -184,6 +197,9 @@ class Orchestrator:
         t_end = self.clock()
         self._last_step_end = t_end
         self.write_metrics(step, reply, wait_time, t_trained - t_start, weight_update_time, t_end - t_start)
+        interval = self.run_cfg.evaluation_interval
+        if self.evaluation and interval and step.step % interval == 0:
+            await self.evaluate(self.scheduler.gate.version, wait=False)
 
     async def push_weights(self, version: int, source: str) -> float:
         """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures."""
@@ -229,6 +245,41 @@ class Orchestrator:
             raise RunFailed(f"trainer failed to finish: {exc.code().name}: {exc.details()}") from None
         log.info("run finished at version %d; final model exported to %s", reply.version, reply.export_path)
 
+    # --- evaluation ----------------------------------------------------------------------------
+    async def evaluate(self, version: int, wait: bool) -> None:
+        """Ask the evaluator gateway to evaluate the live `version`; at start and end, wait for its report."""
+        if version in self.evaluated:
+            return
+        self.evaluate_version = version
+        if not wait:
+            return
+        deadline = self.clock() + self.eval_timeout_s
+        while version not in self.evaluated:
+            if self.clock() > deadline:
+                log.warning(
+                    "no evaluation of version %d within %.0f s; going on without it", version, self.eval_timeout_s
+                )
+                self.evaluate_version = -1
+                return
+            self.wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
+
+    def record_eval(self, version: int, metrics: dict[str, float]) -> None:
+        self.evaluated[version] = dict(metrics)
+        if self.evaluate_version == version:
+            self.evaluate_version = -1
+        line = {"step": version, "version": version, "time": time.time()}
+        line.update({f"eval/{k}": float(v) for k, v in metrics.items()})
+        self._append_metrics(line)
+        log.info("evaluation of version %d: %s", version, metrics)
+        self.wakeup.set()
+
+    def _append_metrics(self, line: dict[str, Any]) -> None:
+        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(line) + "\n")
+
     # --- metrics -------------------------------------------------------------------------------
     def write_metrics(
         self, step: StepAssignment, reply: Any, wait: float, train: float, weight_update: float, total: float
@@ -256,9 +307,7 @@ class Orchestrator:
         for key, value in self.scheduler.counters.items():
             line[f"producer/{key}"] = value
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        self._append_metrics(line)
         log.info(
             "step %d version %d reward %.3f offset_max %d wait %.2fs train %.2fs",
             step.step,

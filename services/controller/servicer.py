@@ -53,7 +53,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
 
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         known = self.members.heartbeat(request.member_id, self.clock())
-        return controller_pb2.HeartbeatResponse(known=known, run_finished=self.orchestrator.finished)
+        return controller_pb2.HeartbeatResponse(
+            known=known, run_finished=self.orchestrator.finished, evaluate_version=self.orchestrator.evaluate_version
+        )
 
     async def LeaseRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         now = self.clock()
@@ -79,13 +81,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 )
                 for lease in leases
             ],
-            run_finished=self.orchestrator.finished or self.scheduler.finished(),
+            run_finished=self.orchestrator.finished,  # not when the data is used up: a final evaluation may follow
             retry_after_s=0.0 if leases else 0.2,
             replicas=[
                 controller_pb2.Replica(member_id=m.member_id, address=m.address, version=m.version) for m in replicas
             ],
             groups_address=self.orchestrator.groups_address if trainers else "",
             version=self.scheduler.gate.version,
+            evaluate_version=self.orchestrator.evaluate_version,
         )
 
     async def ReportRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -103,6 +106,11 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
         self.orchestrator.wakeup.set()
         return controller_pb2.ReportRowsResponse(results=results)
+
+    async def ReportEval(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        self.members.heartbeat(request.gateway_id, self.clock())
+        self.orchestrator.record_eval(request.version, dict(request.metrics))
+        return controller_pb2.ReportEvalResponse()
 
     async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         now = self.clock()

@@ -17,6 +17,9 @@ class GatewayConfig(BaseModel):
     dynamic_filter: str | None = Field(
         None, description="Group filter 'module:fn' (fn(samples) -> keep?); 'uniform' drops equal-reward groups."
     )
+    evaluation: str | None = Field(
+        None, description="Evaluator hook 'module:fn' (async fn(setup, rows) -> dict); this gateway then evaluates."
+    )
     controller_address: str = Field("127.0.0.1:50050", description="HOST:PORT of the version controller.")
     gateway_id: str | None = Field(None, description="Unique id; None = gateway-<host>-<pid>.")
     max_rows_in_flight: int | None = Field(

@@ -21,10 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_run_config_args(parser)
     parser.add_argument("--rollout", required=True, help="rollout factory: module:attr or path/file.py:attr")
     parser.add_argument("--dynamic-filter", help="'uniform' (drop equal-reward groups) or module:fn")
+    parser.add_argument("--evaluation", help="evaluation hook module:fn (async fn(setup, rows) -> dict)")
     parser.add_argument("--controller", help="HOST:PORT of the controller (default 127.0.0.1:50050)")
     parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
+    parser.add_argument("--host", help="address the metrics endpoint binds to (default 127.0.0.1)")
     parser.add_argument("--ready-file", help="write the metrics port here once running")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return parser
@@ -51,10 +53,12 @@ def main(argv: list[str] | None = None) -> int:
                     "run": run_config_from_args(args),
                     "rollout": args.rollout,
                     "dynamic_filter": args.dynamic_filter,
+                    "evaluation": args.evaluation,
                     "controller_address": args.controller,
                     "gateway_id": args.gateway_id,
                     "max_rows_in_flight": args.max_rows_in_flight,
                     "metrics_port": args.metrics_port,
+                    "host": args.host,
                     "ready_file": args.ready_file,
                     "log_level": args.log_level,
                 }
@@ -83,7 +87,8 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
     factory = rollout_factory or load_object(config.rollout)
-    gateway = Gateway(config, factory, tokenizer, load_dynamic_filter(config.dynamic_filter))
+    evaluation_fn = load_object(config.evaluation) if config.evaluation else None
+    gateway = Gateway(config, factory, tokenizer, load_dynamic_filter(config.dynamic_filter), evaluation_fn)
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = start_metrics_server(config.metrics_port, host=config.host)

@@ -24,7 +24,7 @@ class GatewayMetrics(Collector):
         dropped = CounterMetricFamily(
             "fleetrl_gateway_samples_dropped", "Samples dropped by reason.", labels=["reason"]
         )
-        for reason in ("none", "error", "invalid"):
+        for reason in ("none", "error", "invalid", "too_long"):
             dropped.add_metric([reason], counters.get(f"samples_dropped_{reason}", 0))
         yield dropped
         rows = CounterMetricFamily("fleetrl_gateway_rows", "Rows by outcome.", labels=["outcome"])

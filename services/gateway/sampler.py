@@ -143,19 +143,29 @@ class Sampler:
             )
         return out
 
-    def encode_messages(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """The chat template applied to `messages` with the generation prompt, as token ids."""
+    def encode_messages(
+        self, messages: Sequence[dict[str, Any]], chat_template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        """The chat template applied to `messages` with the generation prompt, as token ids (extra template
+        arguments, e.g. Qwen3's `enable_thinking=False`, in `chat_template_kwargs`)."""
         if self.tokenizer is None:
             raise RuntimeError("sample_with_tokens needs a tokenizer (RolloutSetup.tokenizer)")
-        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 may return a BatchEncoding
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
     async def sample_with_tokens(
-        self, messages: Sequence[dict[str, Any]], n: int = 1, **kwargs: Any
+        self,
+        messages: Sequence[dict[str, Any]],
+        n: int = 1,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> list[SampledCompletion]:
-        return await self.sample_with_prompt_tokens(self.encode_messages(messages), n=n, **kwargs)
+        prompt = self.encode_messages(messages, chat_template_kwargs)
+        return await self.sample_with_prompt_tokens(prompt, n=n, **kwargs)
 
     async def close(self) -> None:
         for client in self._clients.values():

@@ -53,6 +53,7 @@ class Gateway:
         rollout_factory: RolloutFnFactory,
         tokenizer: Any = None,
         dynamic_filter: DynamicFilter | None = None,
+        evaluation_fn: Any = None,
     ) -> None:
         self.config = config
         self.run_cfg = config.run
@@ -60,6 +61,9 @@ class Gateway:
         self.rollout_factory = rollout_factory
         self.tokenizer = tokenizer
         self.dynamic_filter = dynamic_filter
+        self.evaluation_fn = evaluation_fn
+        self.eval_rows: list[dict[str, Any]] = []
+        self._eval_started: set[int] = set()
         self.breaker = CircuitBreaker()
         self.counters: Counter[str] = Counter()
         self._seen_errors: set[str] = set()
@@ -106,8 +110,16 @@ class Gateway:
             sample_kwargs=dict(self.run_cfg.sample_kwargs),
             completions_per_prompt=self.run_cfg.completions_per_prompt,
             extras=dict(self.run_cfg.rollout_extras),
+            max_seq_len=self.run_cfg.max_seq_len,
         )
         self.rollout_fn = self.rollout_factory(setup)
+        self.setup = setup
+        if self.evaluation_fn is not None:
+            if not self.run_cfg.eval_dataset:
+                raise ValueError("--evaluation needs run.eval_dataset (a JSONL of held-out rows)")
+            from fleetrl.controller.dataset import load_jsonl_rows
+
+            self.eval_rows = load_jsonl_rows(self.run_cfg.eval_dataset)
         tasks: set[asyncio.Task[None]] = set()
         try:
             await self._register()
@@ -116,7 +128,9 @@ class Gateway:
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)
                     task.result()  # surfaces CircuitOpenError and bugs
-                await self._heartbeat_if_due()
+                heartbeat = await self._heartbeat_if_due()
+                if heartbeat is not None:
+                    self._maybe_evaluate(heartbeat.evaluate_version, tasks)
                 want = self.config.rows_in_flight - len(tasks)
                 reply = None
                 if want > 0:
@@ -125,6 +139,7 @@ class Gateway:
                     )
                 if reply is not None:
                     self.sampler.set_replicas([r.address for r in reply.replicas])
+                    self._maybe_evaluate(reply.evaluate_version, tasks)
                     if reply.groups_address and (self._sender is None or self._sender.address != reply.groups_address):
                         self._sender = GroupSender(
                             reply.groups_address,
@@ -166,13 +181,36 @@ class Gateway:
         if reply is not None:
             self.heartbeat_interval_s = reply.heartbeat_interval_s or self.heartbeat_interval_s
 
-    async def _heartbeat_if_due(self) -> None:
+    async def _heartbeat_if_due(self) -> Any:
         """Busy gateways do not lease; the heartbeat keeps the controller from taking their rows back."""
         if time.monotonic() - self._last_contact < self.heartbeat_interval_s:
-            return
+            return None
         reply = await self._call(self.stub.Heartbeat, controller_pb2.HeartbeatRequest(member_id=self.gateway_id))
         if reply is not None and not reply.known:
             await self._register()
+        return reply
+
+    # --- evaluation ----------------------------------------------------------------------------
+    def _maybe_evaluate(self, version: int, tasks: set[asyncio.Task[None]]) -> None:
+        if self.evaluation_fn is None or version < 0 or version in self._eval_started:
+            return
+        self._eval_started.add(version)
+        tasks.add(asyncio.create_task(self.evaluate(version), name=f"eval-{version}"))
+
+    async def evaluate(self, version: int) -> None:
+        """Run the evaluation hook on the held-out rows against the live replicas; report eval/* metrics."""
+        started = time.monotonic()
+        try:
+            metrics = await self.evaluation_fn(self.setup, list(self.eval_rows))
+            metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+        except Exception as exc:  # a broken evaluation hook must not stop training; say so loudly
+            log.error("evaluation of version %d failed: %s", version, "".join(traceback.format_exception(exc)))
+            metrics = {"failed": 1.0}
+        metrics["seconds"] = time.monotonic() - started
+        await self._call(
+            self.stub.ReportEval,
+            controller_pb2.ReportEvalRequest(version=version, metrics=metrics, gateway_id=self.gateway_id),
+        )
 
     # --- one row -------------------------------------------------------------------------------
     async def process_row(self, leased: Any) -> None:
@@ -181,7 +219,13 @@ class Gateway:
         g = self.run_cfg.completions_per_prompt
         results = await asyncio.gather(*(self.one_rollout(row) for _ in range(g)))
         assembled = assemble_group(
-            leased.row_id, leased.submit_version, results, self.config.min_samples, self.dynamic_filter, self.gateway_id
+            leased.row_id,
+            leased.submit_version,
+            results,
+            self.config.min_samples,
+            self.dynamic_filter,
+            self.gateway_id,
+            max_seq_len=self.run_cfg.max_seq_len,
         )
         self.counters.update({f"samples_dropped_{k}": v for k, v in assembled.dropped.items()})
         report = controller_pb2.RowReport(

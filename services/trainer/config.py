@@ -20,6 +20,11 @@ class TrainerServiceConfig(BaseModel):
 
     run: Config = Field(..., description="The run config (base_model, loss, optimizer, intervals, ...).")
     host: str = Field("127.0.0.1", description="Address every endpoint binds to (loopback default).")
+    advertise_host: str | None = Field(
+        None,
+        description="Host other services reach the group and weight streams at (a container's service name); "
+        "None = the bound address.",
+    )
     grpc_port: int = Field(50071, ge=0, le=65535, description="Trainer control gRPC port (0 = pick).")
     groups_port: int = Field(5571, ge=0, le=65535, description="ZeroMQ PULL port for rollout groups (0 = pick).")
     weights_port: int = Field(5572, ge=0, le=65535, description="Weight stream (publisher) port (0 = pick).")

@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
     parser.add_argument("--model", help="shortcut for --set base_model=PATH")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--advertise-host", help="host others reach the group/weight streams at (e.g. trainer)")
     parser.add_argument("--grpc-port", type=int, help="control gRPC port (default 50071, 0 = pick)")
     parser.add_argument("--groups-port", type=int, help="rollout-group PULL port (default 5571, 0 = pick)")
     parser.add_argument("--weights-port", type=int, help="weight stream port (default 5572, 0 = pick)")
@@ -63,6 +64,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     values = {
         "run": run,
         "host": args.host,
+        "advertise_host": args.advertise_host,
         "grpc_port": args.grpc_port,
         "groups_port": args.groups_port,
         "weights_port": args.weights_port,

@@ -77,6 +77,17 @@ def _parse_position(text: str) -> Any:
         raise ValueError(f"data_position must be JSON: {exc}") from None
 
 
+def advertised_endpoint(endpoint: str, host: str | None) -> str:
+    """`tcp://0.0.0.0:5571` as other hosts reach it: the host replaced by `host` (a container's service name,
+    since a wildcard bind address means nothing elsewhere); None keeps the bound address."""
+    if not host:
+        return endpoint
+    scheme, _, rest = endpoint.partition("://")
+    port = rest.rsplit(":", 1)[1]
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"{scheme}://{host}:{port}"
+
+
 def step_to_proto(result: StepResult, weights_address: str) -> trainer_pb2.TrainStepResponse:
     return trainer_pb2.TrainStepResponse(
         step=result.step,
@@ -119,11 +130,11 @@ class TrainerService:
 
     @property
     def groups_address(self) -> str:
-        return self.receiver.address
+        return advertised_endpoint(self.receiver.address, self.config.advertise_host)
 
     @property
     def weights_address(self) -> str:
-        return self.publisher.address
+        return advertised_endpoint(self.publisher.address, self.config.advertise_host)
 
     # -- blocking operations (worker threads, one at a time) ---------------------------------
 

@@ -24,3 +24,9 @@ def test_min_version_uses_generated_tokens_only():
     g = assemble_group(0, 5, [s(1.0, versions=[0, 4, 5]), s(0.0, versions=[0, 5, 5])])
     assert g.min_version == 4  # the prompt token's version 0 does not count
     assert assemble_group(0, 5, [s(1.0), s(0.0)]).min_version == 5
+
+
+def test_samples_longer_than_max_seq_len_are_dropped_and_counted():
+    long = RolloutSample([1, 2, 3, 4, 5], [0.0, -0.1, -0.2, -0.3, -0.4], [0, 1, 1, 1, 1], 1.0)
+    g = assemble_group(0, 0, [s(1.0), s(0.0), long], max_seq_len=4)
+    assert len(g.group.samples) == 2 and g.dropped == {"too_long": 1}

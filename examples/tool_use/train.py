@@ -1,0 +1,125 @@
+"""Train any HF causal LM as a calculator-using agent; the tool is slow, so try --sync against async.
+
+    python examples/tool_use/train.py --model PATH [--steps 20] [--log-path runs/tool_use] [--tool-latency 0.5]
+    python examples/tool_use/train.py --model PATH --sync            # strictly on-policy: generation waits
+    python examples/tool_use/train.py --model PATH --offpolicy 2     # async: rollouts overlap training
+
+Rows are {"question": ..., "answer": ...}: from --data, or synthetic multiplications built here (`--write-rows
+PATH` writes them and exits). Prints samples/s at the end (from metrics.jsonl). Every service runs as a local
+process (`fleetrl.main`, as `fleetrl up` does). Any Config field: --set KEY=VALUE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shlex
+from pathlib import Path
+from typing import Any
+
+import fleetrl
+from fleetrl import Config
+from fleetrl.config import parse_override
+
+HERE = Path(__file__).resolve().parent
+# A file path, so the gateway processes load the factory whatever their working directory and sys.path.
+ROLLOUT = f"{HERE / 'rollout.py'}:make_rollout_fn"
+DEFAULTS: dict[str, Any] = {
+    "completions_per_prompt": 4,
+    "prompt_groups_per_step": 4,
+    "max_completion_tokens": 16,
+    "max_seq_len": 256,
+    "learning_rate": 1e-5,
+    "kl_beta": 0.0,
+}
+
+
+def make_rows(n: int, seed: int) -> list[dict[str, Any]]:
+    """`n` questions `a * b + c` with 2-3 digit numbers: hard to do in one's head, easy with a calculator."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b, c = rng.randint(12, 999), rng.randint(12, 99), rng.randint(1, 999)
+        rows.append({"question": f"What is {a} * {b} + {c}?", "answer": str(a * b + c)})
+    return rows
+
+
+def read_rows(path: str) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    for i, row in enumerate(rows, start=1):
+        if not isinstance(row.get("question"), str) or "answer" not in row:
+            raise SystemExit(f"{path}:{i}: each row needs 'question' and 'answer'")
+    return rows
+
+
+def samples_per_s(log_path: str | Path) -> dict[str, float]:
+    """Throughput of a finished run from its metrics.jsonl: samples trained per second of wall time from the end of
+    the first step (start-up excluded) to the end of the last, and the mean fraction of each step the trainer spent
+    waiting for rollouts. (Averaging the per-step `perf/step_samples_per_s` instead would overweight the short steps
+    whose groups were ready in advance.)"""
+    lines = (Path(log_path) / "metrics.jsonl").read_text().splitlines()
+    steps = [m for m in map(json.loads, filter(str.strip, lines)) if "data/samples" in m]  # not eval/ lines
+    out = {"steps": float(len(steps))}
+    if len(steps) >= 2:
+        span = steps[-1]["time"] - steps[0]["time"]
+        out["samples_per_s"] = sum(m["data/samples"] for m in steps[1:]) / span if span > 0 else 0.0
+        out["mean_wait_time_ratio"] = sum(m["perf/wait_time_ratio"] for m in steps[1:]) / (len(steps) - 1)
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="HF causal LM: a local path or hub id")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps)")
+    p.add_argument("--log-path", default="runs/tool_use", help="metrics.jsonl, service logs, final model")
+    p.add_argument("--tool-latency", type=float, default=0.5, help="seconds each calculator call takes")
+    p.add_argument("--tool-calls", type=int, default=1, help="calculator turns before the answer")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--sync", action="store_true", help="synchronous_training: generate only on the newest policy")
+    mode.add_argument("--offpolicy", type=int, default=1, help="O = max_head_offpolicy_versions (async when >= 1)")
+    p.add_argument("--data", help="JSONL of question/answer rows; default: synthetic")
+    p.add_argument("--num-rows", type=int, default=1024, help="synthetic rows when --data is not given")
+    p.add_argument("--write-rows", metavar="PATH", help="write the rows to PATH and exit")
+    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="inference engine (vllm on a GPU)")
+    p.add_argument("--inference-args", default="", help="extra flags for each inference replica, one string")
+    p.add_argument("--trainer-args", default="", help="extra flags for the trainer, e.g. '--device cuda'")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field")
+    return p.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    fields = {**DEFAULTS, "base_model": args.model, "log_path": args.log_path, "max_steps": args.steps}
+    if args.sync:
+        fields["synchronous_training"] = True
+    else:
+        fields["max_head_offpolicy_versions"] = args.offpolicy
+    fields["rollout_extras"] = {"tool_latency_s": args.tool_latency, "tool_calls": args.tool_calls}
+    fields.update(parse_override(s) for s in args.set)
+    return Config.load(fields, source="train.py")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = build_config(args)
+    rows = read_rows(args.data) if args.data else make_rows(args.num_rows, cfg.seed)
+    if args.write_rows:
+        out = Path(args.write_rows)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        print(f"wrote {len(rows)} rows to {out}")
+        return 0
+    up = {
+        "engine": args.engine,
+        "inference_args": shlex.split(args.inference_args),
+        "trainer_args": shlex.split(args.trainer_args),
+    }
+    code = fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up)
+    if code == 0:
+        mode = "sync" if cfg.synchronous_training else f"async O={cfg.max_head_offpolicy_versions}"
+        print(f"tool_use ({mode}): {json.dumps(samples_per_s(cfg.log_path))}")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
