@@ -3,6 +3,7 @@
     fleetrl up run.toml [--set k=v]     run every service locally and train (the embedded default)
     fleetrl serve <service> [options]   start one service (inference, trainer, reference, controller, gateway)
     fleetrl status [HOST:PORT]          print a running controller's state
+    fleetrl health HOST:PORT            gRPC health probe (containers' HEALTHCHECK)
     fleetrl plot LOG_PATH               PNG of reward, eval accuracy, KL, entropy and version offset per step
     fleetrl demo                        the foundation's pure logic learning a toy task (no services)
 
@@ -33,7 +34,7 @@ def _serve(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "serve", "status", "plot", "demo"], help="what to run")
+    parser.add_argument("command", choices=["up", "serve", "status", "plot", "health", "demo"], help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -52,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetrl.plot import main as plot_main
 
         return plot_main(rest)
+    if command == "health":
+        from fleetrl.health_probe import main as health_main
+
+        return health_main(rest)
     if command == "demo":
         from fleetrl.demo import main as demo_main
 

@@ -8,6 +8,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="http,plot"
 [ "${1:-}" = "test" ] && extras="$extras,test"
+if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; }; then
+  # Debian tools the deployment tests drive for real: docker-compose (validates the compose file) and
+  # Prometheus (promtool on the alert rules; a real server scraping a local stack).
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose prometheus >/dev/null
+  else
+    echo "install.sh: docker-compose/prometheus missing and apt-get unusable: the deployment tests will skip" >&2
+  fi
+fi
 pip_install() { python -m pip install --disable-pip-version-check -q "$@"; }
 if [ "${FLEETRL_GPU:-0}" = "1" ]; then
   pip_install -e ".[$extras,vllm]"

@@ -67,6 +67,7 @@ class Orchestrator:
         self.eval_timeout_s = eval_timeout_s
         self.evaluate_version = -1  # the version an evaluator should evaluate now (-1: none)
         self.evaluated: dict[int, dict[str, float]] = {}
+        self.started = False  # set once the trainer and a replica answered and the group address is known
         self.hold_leases = evaluation  # no rollouts until version 0 is evaluated: the start accuracy is exact
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._last_step_end = clock()
@@ -130,7 +131,7 @@ class Orchestrator:
         while True:
             await self.poll_members()
             now = self.clock()
-            have_trainer = bool(self.members.alive("trainer", now))
+            have_trainer = bool(self.members.alive("trainer", now)) and bool(self.groups_address)
             have_replica = bool(self.members.routable_replicas(now))
             if have_trainer and have_replica:
                 return
@@ -144,6 +145,7 @@ class Orchestrator:
         poller = asyncio.create_task(self._poll_forever(), name="member-poller")
         try:
             await self.wait_for_members()
+            self.started = True
             if self.evaluation:
                 await self.evaluate(self.scheduler.gate.version, wait=True)
                 self.hold_leases = False

@@ -1,0 +1,218 @@
+{{/* Names, labels and the pieces every fleetrl workload shares. */}}
+
+{{- define "fleetrl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "fleetrl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The name of one component's objects: fleetrl.component (dict "ctx" $ "component" "trainer") */}}
+{{- define "fleetrl.component" -}}
+{{- printf "%s-%s" (include "fleetrl.fullname" .ctx) .component -}}
+{{- end -}}
+
+{{- define "fleetrl.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+{{ include "fleetrl.selectorLabels" . }}
+{{- end -}}
+
+{{- define "fleetrl.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fleetrl.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* Every pod of the release (the NetworkPolicy's peers). */}}
+{{- define "fleetrl.releaseSelector" -}}
+app.kubernetes.io/name: {{ include "fleetrl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "fleetrl.image" -}}
+{{- printf "%s:%s" .Values.image.repository .Values.image.tag -}}
+{{- end -}}
+
+{{- define "fleetrl.secretName" -}}
+{{- default (include "fleetrl.component" (dict "ctx" . "component" "auth")) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* "true" when the reference service runs: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
+     0.001 when run.config has no kl_beta). */}}
+{{- define "fleetrl.referenceEnabled" -}}
+{{- $enabled := .Values.reference.enabled -}}
+{{- if eq (toString $enabled) "auto" -}}
+{{- $kl := 0.001 -}}
+{{- if hasKey .Values.run.config "kl_beta" -}}{{- $kl = .Values.run.config.kl_beta -}}{{- end -}}
+{{- if gt (float64 $kl) 0.0 -}}true{{- end -}}
+{{- else if $enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* Addresses the services reach each other at (Service names; inference replicas by their pod names). */}}
+{{- define "fleetrl.controllerAddress" -}}
+{{- printf "%s:%d" (include "fleetrl.component" (dict "ctx" . "component" "controller")) (int .Values.controller.grpcPort) -}}
+{{- end -}}
+{{- define "fleetrl.trainerHost" -}}
+{{- include "fleetrl.component" (dict "ctx" . "component" "trainer") -}}
+{{- end -}}
+{{- define "fleetrl.referenceAddress" -}}
+{{- printf "%s:%d" (include "fleetrl.component" (dict "ctx" . "component" "reference")) (int .Values.reference.grpcPort) -}}
+{{- end -}}
+
+{{/* The run flags controller, trainer and gateways share: run.toml plus the container paths. */}}
+{{- define "fleetrl.runArgs" -}}
+- --config
+- /etc/fleetrl/run/run.toml
+- --set
+- base_model={{ .Values.model.path }}
+- --set
+- log_path=/var/lib/fleetrl/run
+{{- end -}}
+
+{{- define "fleetrl.env" -}}
+- name: FLEETRL_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "fleetrl.secretName" . }}
+      key: token
+- name: FLEETRL_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: PYTHONPATH
+  value: /etc/fleetrl/user
+{{- end -}}
+
+{{/* Mounts every container has: run config, user files, the model, writable /tmp and home. */}}
+{{- define "fleetrl.volumeMounts" -}}
+- name: run-config
+  mountPath: /etc/fleetrl/run
+  readOnly: true
+- name: user-files
+  mountPath: /etc/fleetrl/user
+  readOnly: true
+{{- if .Values.model.volume }}
+- name: model
+  mountPath: {{ .Values.model.path }}
+  readOnly: true
+{{- end }}
+- name: tmp
+  mountPath: /tmp
+- name: home
+  mountPath: /home/fleetrl
+{{- end -}}
+
+{{- define "fleetrl.volumes" -}}
+- name: run-config
+  configMap:
+    name: {{ include "fleetrl.component" (dict "ctx" . "component" "config") }}
+    items:
+      - key: run.toml
+        path: run.toml
+{{- if .Values.run.rows }}
+      - key: rows.jsonl
+        path: rows.jsonl
+{{- end }}
+- name: user-files
+  configMap:
+    name: {{ include "fleetrl.component" (dict "ctx" . "component" "user-files") }}
+{{- if .Values.model.volume }}
+- name: model
+{{- toYaml .Values.model.volume | nindent 2 }}
+{{- end }}
+- name: tmp
+  emptyDir: {}
+- name: home
+  emptyDir: {}
+{{- end -}}
+
+{{/* Pod-level settings: fleetrl.podCommon (dict "ctx" $ "values" .Values.trainer) */}}
+{{- define "fleetrl.podCommon" -}}
+{{- with .ctx.Values.imagePullSecrets }}
+imagePullSecrets:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+{{- toYaml .ctx.Values.podSecurityContext | nindent 2 }}
+{{- with .values.nodeSelector }}
+nodeSelector:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.affinity }}
+affinity:
+{{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Resources with the GPU request added: fleetrl.resources (dict "values" .Values.inference) */}}
+{{- define "fleetrl.resources" -}}
+{{- $res := deepCopy (default dict .values.resources) -}}
+{{- if gt (int .values.gpus) 0 -}}
+{{- $limits := deepCopy (default dict $res.limits) -}}
+{{- $_ := set $limits "nvidia.com/gpu" (int .values.gpus) -}}
+{{- $_ := set $res "limits" $limits -}}
+{{- end -}}
+{{- toYaml $res -}}
+{{- end -}}
+
+{{- define "fleetrl.podAnnotations" -}}
+prometheus.io/scrape: "true"
+prometheus.io/port: {{ .port | quote }}
+prometheus.io/path: /metrics
+checksum/config: {{ include (print .ctx.Template.BasePath "/configmap.yaml") .ctx | sha256sum }}
+{{- with .ctx.Values.podAnnotations }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* One TOML value from a values entry: whole numbers as integers (values arrive as floats), strings quoted,
+     lists and maps inline. */}}
+{{- define "fleetrl.tomlValue" -}}
+{{- $k := kindOf . -}}
+{{- if eq $k "float64" -}}
+{{- if eq (floor .) . }}{{ int64 . }}{{ else }}{{ . }}{{ end -}}
+{{- else if eq $k "string" -}}
+{{- toJson . -}}
+{{- else if eq $k "slice" -}}
+[{{ range $i, $e := . }}{{ if $i }}, {{ end }}{{ include "fleetrl.tomlValue" $e }}{{ end }}]
+{{- else if eq $k "map" -}}
+{{ "{" }}{{ $m := . }}{{ range $i, $key := keys . | sortAlpha }}{{ if $i }}, {{ end }}{{ toJson $key }} = {{ include "fleetrl.tomlValue" (index $m $key) }}{{ end }}{{ "}" }}
+{{- else -}}
+{{- . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* run.config as the [run] table's lines; null values are left out (fleetrl's default applies). */}}
+{{- define "fleetrl.runToml" -}}
+{{- $config := .Values.run.config -}}
+{{- range $key := keys $config | sortAlpha }}
+{{- $value := index $config $key }}
+{{- if not (kindIs "invalid" $value) }}
+{{ $key }} = {{ include "fleetrl.tomlValue" $value }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Every inference replica's gRPC address, space-separated: <name>-<n>.<name>:<port> (StatefulSet pod DNS). */}}
+{{- define "fleetrl.inferenceAddresses" -}}
+{{- $inference := include "fleetrl.component" (dict "ctx" . "component" "inference") -}}
+{{- $addresses := list -}}
+{{- range $i := until (int .Values.inference.replicas) -}}
+{{- $addresses = append $addresses (printf "%s-%d.%s:%d" $inference $i $inference (int $.Values.inference.grpcPort)) -}}
+{{- end -}}
+{{- join " " $addresses -}}
+{{- end -}}
