@@ -36,6 +36,12 @@ class Progress:
             self.stream.write("\n")
 
     def _show(self, m: dict[str, Any]) -> None:
+        evals = {k.removeprefix("eval/"): v for k, v in m.items() if k.startswith("eval/") and k != "eval/seconds"}
+        if evals:  # an evaluation line: its own line, kept on screen
+            text = "  ".join(f"{k} {v:.3f}" for k, v in sorted(evals.items()))
+            self.stream.write(("\n" if self.tty else "") + f"eval of version {m.get('version', 0)}: {text}\n")
+            self.stream.flush()
+            return
         step = m.get("step", 0)
         total = self.max_steps
         bar = ""
