@@ -1,10 +1,11 @@
 """Build the arithmetic task's starting policy: a tiny Qwen2 model, briefly fine-tuned on addition (deterministic).
 
-    python examples/arithmetic/warm_start.py [--out runs/arithmetic/init] [--steps 300]
+    python examples/arithmetic/warm_start.py [--out runs/arithmetic/init] [--steps 1200] [--noise 0.5]
 
 Writes an HF model folder (weights + tokenizer) and the task's rows (train.jsonl, eval.jsonl). The supervised
-warm start is deliberately short: the policy answers some problems right and many wrong, and the RL run in
-run.toml has to do the rest. Same arguments -> the same model on the same machine (seeded, CPU, single thread).
+warm start is short and half its targets are near misses: the policy answers some problems right and many
+nearly right, and the RL run in run.toml has to do the rest. Same arguments -> the same model on the same
+machine (seeded, CPU, single thread).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from fleetrl.tiny_model import build_tiny_model
 
 
 def noisy_answer(row: dict, rng: random.Random, noise: float) -> str:
-    """The sum, or with probability `noise` the sum written backwards ("64" for 46): the warm start learns to add
-    but not which way to write the answer, and only the usual way earns reward, which RL then has to find."""
-    return row["answer"][::-1] if rng.random() < noise else row["answer"]
+    """The sum, or with probability `noise` a near miss (off by 1 or 2): the warm start learns where the answer is
+    but not to commit to it, a spread-out policy whose right answers RL can then reinforce."""
+    if rng.random() >= noise:
+        return row["answer"]
+    return str(max(0, int(row["answer"]) + rng.choice([-2, -1, 1, 2])))
 
 
 def encode_example(tokenizer, row: dict, answer_text: str) -> tuple[list[int], list[int]]:
@@ -84,10 +87,10 @@ def greedy_accuracy(model, tokenizer, rows: list[dict], max_new: int = 5) -> flo
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/arithmetic/init", help="output folder (model + data)")
-    parser.add_argument("--steps", type=int, default=600, help="supervised steps")
+    parser.add_argument("--steps", type=int, default=1200, help="supervised steps")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--noise", type=float, default=0.0, help="fraction of targets written backwards")
+    parser.add_argument("--noise", type=float, default=0.5, help="fraction of near-miss targets")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
