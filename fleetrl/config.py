@@ -212,6 +212,15 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
+def build_service_config(cls: type[BaseModel], data: dict[str, Any], label: str, error: type[Exception] = ConfigError):
+    """Validate a service config dict; one `error` whose message names every bad field (`label`: which config)."""
+    try:
+        return cls(**data)
+    except ValidationError as exc:
+        lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
+        raise error(f"invalid {label} config: " + "; ".join(lines)) from None
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = [f"{source}: invalid config"]
     for err in exc.errors():

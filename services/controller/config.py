@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fleetrl.config import Config, ConfigError
+from fleetrl.config import Config, ConfigError, build_service_config
 
 
 class ControllerConfig(BaseModel):
@@ -54,8 +54,4 @@ class ControllerConfig(BaseModel):
 
     @classmethod
     def build(cls, data: dict[str, Any]) -> ControllerConfig:
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
-            raise ConfigError("invalid controller config: " + "; ".join(lines)) from None
+        return build_service_config(cls, data, "controller", ConfigError)

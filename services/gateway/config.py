@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from fleetrl.config import Config, ConfigError
+from fleetrl.config import Config, ConfigError, build_service_config
 
 
 class GatewayConfig(BaseModel):
@@ -46,8 +46,4 @@ class GatewayConfig(BaseModel):
 
     @classmethod
     def build(cls, data: dict[str, Any]) -> GatewayConfig:
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
-            raise ConfigError("invalid gateway config: " + "; ".join(lines)) from None
+        return build_service_config(cls, data, "gateway", ConfigError)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fleetrl.config import Config
+from fleetrl.config import Config, build_service_config
 
 
 class TrainerConfigError(ValueError):
@@ -82,8 +82,4 @@ class TrainerServiceConfig(BaseModel):
     @classmethod
     def build(cls, data: dict[str, Any]) -> TrainerServiceConfig:
         """Validate a dict (with `run` a Config or a dict); errors name the offending field."""
-        try:
-            return cls(**data)
-        except ValidationError as exc:
-            lines = [f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()]
-            raise TrainerConfigError("invalid trainer config: " + "; ".join(lines)) from None
+        return build_service_config(cls, data, "trainer", TrainerConfigError)

@@ -94,3 +94,46 @@ def test_a_rollout_that_always_fails_opens_the_circuit_breaker(up_run):
     assert result.returncode == 1
     assert "circuit breaker open" in result.stderr
     assert "5 consecutive rollout failures" in result.stderr
+
+
+def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path, tiny_model_dir):
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": 50, "rollout_extras": {"tool_latency_s": 0.3}},
+        {"rollout": "tests.integration.up.rollouts:make_slow_rollout_fn"},
+        n_rows=200,
+    )
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.cli", "up", str(config)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not read_metrics(run_dir) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert read_metrics(run_dir), "no step was trained"
+        address = __import__("json").loads((run_dir / "ready" / "controller.json").read_text())["address"]
+        status = subprocess.run(
+            [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0, status.stderr
+        assert "trained steps" in status.stdout and "trainer" in status.stdout and "gateway" in status.stdout
+        trainer_pid = int(
+            subprocess.run(
+                ["pgrep", "-f", f"serve trainer --config {config}"], capture_output=True, text=True
+            ).stdout.split()[0]
+        )
+        os.kill(trainer_pid, signal.SIGKILL)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1
+    assert "trainer exited with code -9" in err
+    assert "--- last lines of" in err and "trainer.log" in err
+    assert len(read_metrics(run_dir)) < 50  # the run stopped; it did not keep going without a trainer
