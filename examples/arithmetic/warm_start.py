@@ -1,11 +1,12 @@
 """Build the arithmetic task's starting policy: a tiny Qwen2 model, briefly fine-tuned on addition (deterministic).
 
-    python examples/arithmetic/warm_start.py [--out runs/arithmetic/init] [--steps 1200] [--noise 0.5]
+    python examples/arithmetic/warm_start.py [--out runs/arithmetic/init] [--steps 2000] [--noise 0.7]
 
 Writes an HF model folder (weights + tokenizer) and the task's rows (train.jsonl, eval.jsonl). The supervised
-warm start is short and half its targets are near misses: the policy answers some problems right and many
-nearly right, and the RL run in run.toml has to do the rest. Same arguments -> the same model on the same
-machine (seeded, CPU, single thread).
+data is mislabelled like a sloppy annotator's: 70 % of its targets are off by one (the sum plus 1). The policy
+learns to add but mostly answers one too many, so it starts with a low reward, and only the verifiable reward
+of the RL run in run.toml can correct it. Same arguments -> the same model on the same machine (seeded, CPU,
+single thread).
 """
 
 from __future__ import annotations
@@ -27,11 +28,9 @@ from fleetrl.tiny_model import build_tiny_model
 
 
 def noisy_answer(row: dict, rng: random.Random, noise: float) -> str:
-    """The sum, or with probability `noise` a near miss (off by 1 or 2): the warm start learns where the answer is
-    but not to commit to it, a spread-out policy whose right answers RL can then reinforce."""
-    if rng.random() >= noise:
-        return row["answer"]
-    return str(max(0, int(row["answer"]) + rng.choice([-2, -1, 1, 2])))
+    """The sum, or with probability `noise` the sum plus one: a systematic labelling error that supervised
+    training copies faithfully and that the exact-answer reward of the RL run penalises."""
+    return row["answer"] if rng.random() >= noise else str(int(row["answer"]) + 1)
 
 
 def encode_example(tokenizer, row: dict, answer_text: str) -> tuple[list[int], list[int]]:
@@ -41,7 +40,7 @@ def encode_example(tokenizer, row: dict, answer_text: str) -> tuple[list[int], l
 
 
 def sft(model, tokenizer, rows: list[dict], steps: int, batch: int, lr: float, seed: int, noise: float) -> list[float]:
-    """Supervised next-token training on the answer tokens only (noisy targets, see `noisy_answer`)."""
+    """Supervised next-token training on the answer tokens only (mislabelled targets, see `noisy_answer`)."""
     rng = random.Random(seed)
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
@@ -70,27 +69,29 @@ def sft(model, tokenizer, rows: list[dict], steps: int, batch: int, lr: float, s
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, rows: list[dict], max_new: int = 5) -> float:
-    correct = 0
+def greedy_answers(model, tokenizer, rows: list[dict], max_new: int = 5) -> list[str | None]:
+    """Each problem's greedy completion, or None when it did not end with end-of-text within `max_new` tokens."""
+    answers: list[str | None] = []
     for row in rows:
-        ids = torch.tensor([tokenizer.encode(row["prompt"])])
+        prompt = tokenizer.encode(row["prompt"])
+        ids, stopped = torch.tensor([prompt]), False
         for _ in range(max_new):
             nxt = int(model(input_ids=ids).logits[0, -1].argmax())
             if nxt == tokenizer.eos_token_id:
+                stopped = True
                 break
             ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-        text = tokenizer.decode(ids[0, len(tokenizer.encode(row["prompt"])) :])
-        correct += int(text.strip() == row["answer"] and nxt == tokenizer.eos_token_id)
-    return correct / len(rows)
+        answers.append(tokenizer.decode(ids[0, len(prompt) :]).strip() if stopped else None)
+    return answers
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/arithmetic/init", help="output folder (model + data)")
-    parser.add_argument("--steps", type=int, default=1200, help="supervised steps")
+    parser.add_argument("--steps", type=int, default=2000, help="supervised steps")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--noise", type=float, default=0.5, help="fraction of near-miss targets")
+    parser.add_argument("--noise", type=float, default=0.7, help="fraction of targets that are off by one")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
@@ -115,10 +116,12 @@ def main(argv: list[str] | None = None) -> int:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
     losses = sft(model, tokenizer, train, args.steps, args.batch, args.lr, args.seed, args.noise)
     model.save_pretrained(model_dir)
-    accuracy = greedy_accuracy(model, tokenizer, held_out)
+    answers = greedy_answers(model, tokenizer, held_out)
+    right = sum(a == r["answer"] for a, r in zip(answers, held_out, strict=True)) / len(held_out)
+    plus_one = sum(a == str(int(r["answer"]) + 1) for a, r in zip(answers, held_out, strict=True)) / len(held_out)
     print(
         f"warm start: {args.steps} steps, final loss {sum(losses[-20:]) / 20:.3f}, held-out greedy accuracy "
-        f"{accuracy:.3f}, {time.monotonic() - t0:.0f} s -> {model_dir}"
+        f"{right:.3f} (answers the sum plus one: {plus_one:.3f}), {time.monotonic() - t0:.0f} s -> {model_dir}"
     )
     return 0
 

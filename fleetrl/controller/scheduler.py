@@ -89,6 +89,8 @@ class RowScheduler:
         self.ready: deque[StepAssignment] = deque()
         self.next_step = gate.version + 1  # the step the next full set of groups becomes
         self.trained_steps = gate.version
+        self.resumed = False  # built from a journal (resume); see align_to_trainer
+        self.gate_factory: Any = None
 
     # --- leasing ---------------------------------------------------------------------------------
     def lease(self, gateway_id: str, max_rows: int, now: float) -> list[Lease]:
@@ -294,12 +296,15 @@ class RowScheduler:
         **kwargs: Any,
     ) -> RowScheduler:
         """Rebuild from the journal: the published version, the cursor, and every row not yet trained or closed
-        goes back to the queue (steps restart after the last trained one)."""
+        goes back to the queue (steps restart after the last trained one). A row that was assigned to a step keeps
+        that step in the journal (status queued) until `align_to_trainer` has seen whether the trainer trained it."""
         state = journal.state()
         version = int(state.get("version", 0))
         epoch, index = state.get("cursor", [0, 0])
         cursor = DatasetCursor(rows, position=CursorPosition(epoch, index), **cursor_kwargs)
         scheduler = cls(cursor, gate_factory(version), journal=journal, **kwargs)
+        scheduler.gate_factory = gate_factory
+        scheduler.resumed = True
         scheduler.trained_steps = int(state.get("trained_steps", 0))
         scheduler.next_step = scheduler.trained_steps + 1
         scheduler.counters.update(state.get("counters", {}))
@@ -307,6 +312,52 @@ class RowScheduler:
             scheduler.attempts[row_id] = int(info["attempts"])
             if info["status"] not in ("trained", "rejected", "failed"):
                 scheduler.queue.append(row_id)
-                journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), -1, 0)
+                step = int(info["step"]) if info["status"] in ("assigned", "queued") else -1
+                journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), step, 0)
         journal.commit()
         return scheduler
+
+    def align_to_trainer(self, trainer_version: int) -> dict[str, list[int]]:
+        """Make the trainer's version the truth after a restart (steps count from 1; step k makes version k).
+
+        The trainer resumes from its last checkpoint, which can be behind the journal (steps trained after the
+        checkpoint are lost with the process) or one step ahead (it trained a step the controller never heard
+        back about). Rows of steps after `trainer_version` go back to the queue; queued rows of steps up to it
+        count as trained; the gate restarts at `trainer_version`. Returns the row ids moved each way."""
+        if trainer_version == self.trained_steps == self.gate.version:
+            return {"requeued": [], "counted_trained": []}
+        if not self.resumed or self.journal is None:
+            raise ValueError(
+                f"the trainer is at version {trainer_version} but the controller starts at version "
+                f"{self.gate.version}: restart both with --resume (controller journal and trainer checkpoint), "
+                "or neither"
+            )
+        if trainer_version > self.trained_steps + 1:
+            # The controller hands out one step at a time: a trainer further ahead resumed another run's checkpoint.
+            raise ValueError(
+                f"the trainer resumed version {trainer_version} but the controller's journal has only "
+                f"{self.trained_steps} trained steps: the checkpoint belongs to another run (clear its "
+                "checkpoint_dir, or resume the run it came from)"
+            )
+        requeued, counted = [], []
+        for row_id, info in self.journal.rows().items():
+            step, status = int(info["step"]), info["status"]
+            if status == "trained" and step > trainer_version:
+                self.queue.appendleft(row_id)
+                self._journal_row(row_id, "queued", int(info["submit_version"]))
+                requeued.append(row_id)
+            elif status == "queued" and 0 < step <= trainer_version:
+                self.queue.remove(row_id)
+                self._journal_row(row_id, "trained", int(info["submit_version"]), step=step, trained=1)
+                counted.append(row_id)
+        self.gate = self.gate_factory(trainer_version)
+        self.trained_steps = trainer_version
+        self.next_step = trainer_version + 1
+        self._commit()
+        log.warning(
+            "aligned to the trainer's version %d: %d rows of later steps requeued, %d rows counted as trained",
+            trainer_version,
+            len(requeued),
+            len(counted),
+        )
+        return {"requeued": requeued, "counted_trained": counted}

@@ -1,7 +1,11 @@
 """`fleetrl up run.toml`: start controller, inference replicas, reference (when kl_beta > 0), trainer and gateways
 as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
 
-    fleetrl up examples/arithmetic/run.toml [--set key=value ...]
+    fleetrl up examples/arithmetic/run.toml [--set key=value ...] [--resume]
+
+`--resume` continues the run in `log_path` after a crash or a stop: the controller from its SQLite journal, the
+trainer from its last checkpoint (every `dcp_save_interval` steps), the replicas from the weights the trainer
+publishes at that version; metrics.jsonl is appended to.
 
 Each child's log is `<log_path>/<service>.log`. A crashed service stops the run with its log tail and a non-zero
 exit; a crashed gateway is replaced (unless its circuit breaker opened: the rollout function is broken).
@@ -33,10 +37,11 @@ def _rollout_spec(spec: str, config_dir: Path) -> str:
     return f"{module}:{attr}"
 
 
-def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig) -> int:
+def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume: bool = False) -> int:
     log_dir = Path(run.log_path)
     metrics_path = log_dir / "metrics.jsonl"
-    metrics_path.unlink(missing_ok=True)
+    if not resume:
+        metrics_path.unlink(missing_ok=True)
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(config_path.parent.resolve()), os.environ.get("PYTHONPATH")]))
     }
@@ -51,7 +56,7 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig) -> int
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        controller = _start_stack(sup, common, run, up, config_path) if up.controller_address is None else None
+        controller = _start_stack(sup, common, run, up, resume) if up.controller_address is None else None
         controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
         gateway_argv = [
             *common,
@@ -93,8 +98,9 @@ def _address(info: dict[str, Any]) -> str:
     return f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
 
 
-def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, config_path: Path) -> Child:
+def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, resume: bool) -> Child:
     t = up.startup_timeout_s
+    resume_flag = ["--resume"] if resume else []
     model = ["--model", run.base_model]
     replicas = []
     for i in range(up.replicas):
@@ -104,11 +110,13 @@ def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, 
     if run.kl_beta > 0:
         reference = sup.start("reference", "reference", [*model, *_pick_ports("grpc", "metrics")])
         reference_args = ["--reference", _address(sup.wait_ready(reference, t))]
-    trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *up.trainer_args]
+    trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
+    trainer_args += up.trainer_args
     trainer = sup.start("trainer", "trainer", trainer_args)
     trainer_address = _address(sup.wait_ready(trainer, t))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
+    controller_args += resume_flag
     if up.evaluation:
         controller_args.append("--evaluation")
     controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
@@ -175,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetrl up", description="Run every fleetrl service locally.")
     parser.add_argument("config", type=Path, help="run.toml with a [run] and an [up] table")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in log_path: controller journal, the trainer's last checkpoint, metrics appended",
+    )
     args = parser.parse_args(argv)
     try:
         run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
@@ -184,4 +197,4 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2
-    return launch(args.config, args.set, run, up)
+    return launch(args.config, args.set, run, up, resume=args.resume)

@@ -132,13 +132,38 @@ class Orchestrator:
             await self.poll_members()
             now = self.clock()
             have_trainer = bool(self.members.alive("trainer", now)) and bool(self.groups_address)
-            have_replica = bool(self.members.routable_replicas(now))
+            # A replica still serving an older version (fenced) counts: start_version brings it up to date.
+            have_replica = bool(self.members.alive("inference", now))
             if have_trainer and have_replica:
+                await self.start_version()
                 return
             if now > deadline:
                 missing = [n for n, ok in (("trainer", have_trainer), ("inference replica", have_replica)) if not ok]
                 raise RunFailed(f"no {' and no '.join(missing)} within {self.start_timeout_s:.0f} s")
             await asyncio.sleep(0.2)
+
+    async def start_version(self) -> None:
+        """Start from the trainer's version: after a restart it resumed from its last checkpoint, which the
+        scheduler aligns to (`align_to_trainer`); a version past 0 is then published and pushed to every replica,
+        since replicas start from the base model."""
+        try:
+            status = await self.trainer_stub().Status(trainer_pb2.TrainerStatusRequest(), timeout=30)
+        except grpc.aio.AioRpcError as exc:
+            raise RunFailed(f"trainer did not answer Status: {exc.code().name}: {exc.details()}") from None
+        try:
+            self.scheduler.align_to_trainer(int(status.version))
+        except ValueError as exc:
+            raise RunFailed(str(exc)) from None
+        version = self.scheduler.gate.version
+        if version == 0:
+            return
+        try:
+            reply = await self.trainer_stub().Publish(trainer_pb2.PublishRequest(), timeout=self.weight_push_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"{exc.code().name}: {exc.details()}"
+            raise RunFailed(f"trainer failed to publish version {version}: {reason}") from None
+        await self.push_weights(int(reply.version), reply.weights_address)
+        log.info("resumed at version %d: every replica serves it", version)
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> None:
