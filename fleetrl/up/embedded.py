@@ -5,7 +5,8 @@
         main(Config(base_model="./tiny", ...), rollout_fn_factory=make_rollout_fn, rows=rows)
 
 The factory must be importable by the gateways (a module-level function, in a module or in the script itself);
-rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run.
+rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run, and
+`resume=True` to continue a stopped one.
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ def main(
     rows: Iterable[dict[str, Any]] | None = None,
     *,
     dynamic_filter_fn: Any = None,
+    resume: bool = False,
     **up_options: Any,
 ) -> int:
-    """Run the whole training with every service as a local process; returns the exit code (0 = success)."""
+    """Run the whole training with every service as a local process; returns the exit code (0 = success).
+    `resume=True` continues the run in `cfg.log_path` (as `fleetrl up --resume`)."""
     from fleetrl.up.run import launch
 
     log_dir = Path(cfg.log_path)
@@ -74,4 +77,4 @@ def main(
     config_path.write_text(json.dumps({"run": run_data, "up": up_data}, indent=2))
     run = Config.from_toml(config_path)
     up = UpConfig.from_file(config_path)
-    return launch(config_path, [], run, up)
+    return launch(config_path, [], run, up, resume=resume)
