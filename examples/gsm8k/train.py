@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 from pathlib import Path
 from typing import Any
 
 import fleetrl
 from fleetrl import Config
-from fleetrl.config import parse_override
+from fleetrl.recipe_cli import add_run_args, add_up_args, recipe_config, up_options
 
 HERE = Path(__file__).resolve().parent
 # A file path, so the gateway processes load the factory whatever their working directory and sys.path.
@@ -61,37 +60,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF causal LM: a local path or hub id")
     p.add_argument("--data", required=True, type=Path, help="GSM8K-format JSONL (question, answer with '####')")
-    p.add_argument("--steps", type=int, default=100, help="optimizer steps (max_steps)")
-    p.add_argument("--log-path", default="runs/gsm8k", help="metrics.jsonl, service logs, final model")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="inference engine (vllm on a GPU)")
-    p.add_argument("--inference-args", default="", help="extra flags for each inference replica, one string")
-    p.add_argument("--trainer-args", default="", help="extra flags for the trainer, e.g. '--device cuda'")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field")
+    add_run_args(p, log_path="runs/gsm8k", steps=100)
+    add_up_args(p)
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> Config:
-    fields = {
-        **DEFAULTS,
-        "base_model": args.model,
-        "dataset": str(args.data.resolve()),
-        "log_path": args.log_path,
-        "max_steps": args.steps,
-    }
-    fields.update(parse_override(s) for s in args.set)
-    return Config.load(fields, source="train.py")
+    return recipe_config(args, DEFAULTS, dataset=str(args.data.resolve()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_rows(args.data)
     cfg = build_config(args)
-    up = {
-        "engine": args.engine,
-        "inference_args": shlex.split(args.inference_args),
-        "trainer_args": shlex.split(args.trainer_args),
-    }
-    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, **up)
+    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, **up_options(args))
 
 
 if __name__ == "__main__":

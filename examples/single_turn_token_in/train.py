@@ -13,13 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 from pathlib import Path
 from typing import Any
 
 import fleetrl
 from fleetrl import Config
-from fleetrl.config import parse_override
+from fleetrl.recipe_cli import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
 
 HERE = Path(__file__).resolve().parent
 # A file path, so the gateway processes load the factory whatever their working directory and sys.path.
@@ -64,22 +63,20 @@ def read_rows(path: str) -> list[dict[str, Any]]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF causal LM: a local path or hub id")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps)")
-    p.add_argument("--log-path", default="runs/single_turn", help="metrics.jsonl, service logs, final model")
-    p.add_argument("--data", help="JSONL of pre-tokenized rows; default: synthetic addition questions")
-    p.add_argument("--num-rows", type=int, default=512, help="synthetic rows to build when --data is not given")
-    p.add_argument("--write-rows", metavar="PATH", help="write the tokenized rows to PATH and exit (for run.toml)")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="inference engine (vllm on a GPU)")
-    p.add_argument("--inference-args", default="", help="extra flags for each inference replica, one string")
-    p.add_argument("--trainer-args", default="", help="extra flags for the trainer, e.g. '--device cuda'")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field")
+    add_run_args(p, log_path="runs/single_turn", steps=20)
+    add_rows_args(
+        p,
+        data_help="JSONL of pre-tokenized rows; default: synthetic addition questions",
+        num_rows=512,
+        num_rows_help="synthetic rows to build when --data is not given",
+        write_rows_help="write the tokenized rows to PATH and exit (for run.toml)",
+    )
+    add_up_args(p)
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> Config:
-    fields = {**DEFAULTS, "base_model": args.model, "log_path": args.log_path, "max_steps": args.steps}
-    fields.update(parse_override(s) for s in args.set)
-    return Config.load(fields, source="train.py")
+    return recipe_config(args, DEFAULTS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,17 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer = AutoTokenizer.from_pretrained(cfg.tokenizer_model or cfg.base_model)
         rows = make_rows(tokenizer, args.num_rows, cfg.seed)
     if args.write_rows:
-        out = Path(args.write_rows)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        print(f"wrote {len(rows)} rows to {out}")
+        write_rows(args.write_rows, rows)
         return 0
-    up = {
-        "engine": args.engine,
-        "inference_args": shlex.split(args.inference_args),
-        "trainer_args": shlex.split(args.trainer_args),
-    }
-    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up)
+    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))
 
 
 if __name__ == "__main__":

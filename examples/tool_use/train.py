@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 from pathlib import Path
 from typing import Any
 
 import fleetrl
 from fleetrl import Config
-from fleetrl.config import parse_override
+from fleetrl.recipe_cli import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
 
 HERE = Path(__file__).resolve().parent
 # A file path, so the gateway processes load the factory whatever their working directory and sys.path.
@@ -71,32 +70,21 @@ def samples_per_s(log_path: str | Path) -> dict[str, float]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="HF causal LM: a local path or hub id")
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps (max_steps)")
-    p.add_argument("--log-path", default="runs/tool_use", help="metrics.jsonl, service logs, final model")
+    add_run_args(p, log_path="runs/tool_use", steps=20)
     p.add_argument("--tool-latency", type=float, default=0.5, help="seconds each calculator call takes")
     p.add_argument("--tool-calls", type=int, default=1, help="calculator turns before the answer")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--sync", action="store_true", help="synchronous_training: generate only on the newest policy")
     mode.add_argument("--offpolicy", type=int, default=1, help="O = max_head_offpolicy_versions (async when >= 1)")
-    p.add_argument("--data", help="JSONL of question/answer rows; default: synthetic")
-    p.add_argument("--num-rows", type=int, default=1024, help="synthetic rows when --data is not given")
-    p.add_argument("--write-rows", metavar="PATH", help="write the rows to PATH and exit")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="inference engine (vllm on a GPU)")
-    p.add_argument("--inference-args", default="", help="extra flags for each inference replica, one string")
-    p.add_argument("--trainer-args", default="", help="extra flags for the trainer, e.g. '--device cuda'")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field")
+    add_rows_args(p, data_help="JSONL of question/answer rows; default: synthetic", num_rows=1024)
+    add_up_args(p)
     return p.parse_args(argv)
 
 
 def build_config(args: argparse.Namespace) -> Config:
-    fields = {**DEFAULTS, "base_model": args.model, "log_path": args.log_path, "max_steps": args.steps}
-    if args.sync:
-        fields["synchronous_training"] = True
-    else:
-        fields["max_head_offpolicy_versions"] = args.offpolicy
-    fields["rollout_extras"] = {"tool_latency_s": args.tool_latency, "tool_calls": args.tool_calls}
-    fields.update(parse_override(s) for s in args.set)
-    return Config.load(fields, source="train.py")
+    mode = {"synchronous_training": True} if args.sync else {"max_head_offpolicy_versions": args.offpolicy}
+    extras = {"tool_latency_s": args.tool_latency, "tool_calls": args.tool_calls}
+    return recipe_config(args, DEFAULTS, **mode, rollout_extras=extras)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,17 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     cfg = build_config(args)
     rows = read_rows(args.data) if args.data else make_rows(args.num_rows, cfg.seed)
     if args.write_rows:
-        out = Path(args.write_rows)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        print(f"wrote {len(rows)} rows to {out}")
+        write_rows(args.write_rows, rows)
         return 0
-    up = {
-        "engine": args.engine,
-        "inference_args": shlex.split(args.inference_args),
-        "trainer_args": shlex.split(args.trainer_args),
-    }
-    code = fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up)
+    code = fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))
     if code == 0:
         mode = "sync" if cfg.synchronous_training else f"async O={cfg.max_head_offpolicy_versions}"
         print(f"tool_use ({mode}): {json.dumps(samples_per_s(cfg.log_path))}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetrl.config import ConfigError, read_config_file
 
@@ -32,6 +32,35 @@ class UpConfig(BaseModel):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
     controller_args: list[str] = Field(default_factory=list, description="Extra flags for the controller.")
     max_gateway_restarts: int = Field(5, ge=0, description="Crashed gateways replaced at most this many times.")
+    trainer_procs: int = Field(
+        1, ge=1, description="Trainer ranks; above 1 it runs under torchrun (FSDP2: NCCL on GPUs, gloo on CPU)."
+    )
+    trainer_gpus: list[int] | None = Field(
+        None, description="GPU ids the trainer uses (CUDA_VISIBLE_DEVICES), one per rank; implies --device cuda."
+    )
+    inference_gpus: list[list[int]] | None = Field(
+        None, description="GPU ids of each inference replica (CUDA_VISIBLE_DEVICES), one list per replica."
+    )
+
+    @model_validator(mode="after")
+    def _gpu_layout(self) -> UpConfig:
+        if self.trainer_gpus is not None and len(self.trainer_gpus) != self.trainer_procs:
+            raise ValueError(
+                f"trainer_gpus has {len(self.trainer_gpus)} GPUs but trainer_procs is {self.trainer_procs}: "
+                "one GPU per trainer rank"
+            )
+        if self.inference_gpus is not None and len(self.inference_gpus) != self.replicas:
+            raise ValueError(
+                f"inference_gpus has {len(self.inference_gpus)} lists but replicas is {self.replicas}: "
+                "one list of GPU ids per replica"
+            )
+        return self
+
+    def trainer_env(self) -> dict[str, str]:
+        return {} if self.trainer_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.trainer_gpus)}
+
+    def replica_env(self, index: int) -> dict[str, str]:
+        return {} if self.inference_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.inference_gpus[index])}
 
     @classmethod
     def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> UpConfig:
@@ -40,5 +69,9 @@ class UpConfig(BaseModel):
         try:
             return cls(**data)
         except ValidationError as exc:
-            lines = [f"up.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+            lines = [f"{'.'.join(['up', *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors()]
             raise ConfigError(f"{path}: invalid [up] table: " + "; ".join(lines)) from None
+
+
+def _gpu_list(ids: list[int]) -> str:
+    return ",".join(str(i) for i in ids)

@@ -105,14 +105,16 @@ def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, 
     replicas = []
     for i in range(up.replicas):
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
-        replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args]))
+        replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=up.replica_env(i)))
     reference_args: list[str] = []
     if run.kl_beta > 0:
         reference = sup.start("reference", "reference", [*model, *_pick_ports("grpc", "metrics")])
         reference_args = ["--reference", _address(sup.wait_ready(reference, t))]
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
+    if up.trainer_gpus is not None and "--device" not in up.trainer_args:
+        trainer_args += ["--device", "cuda"]
     trainer_args += up.trainer_args
-    trainer = sup.start("trainer", "trainer", trainer_args)
+    trainer = sup.start("trainer", "trainer", trainer_args, env=up.trainer_env(), nproc=up.trainer_procs)
     trainer_address = _address(sup.wait_ready(trainer, t))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]

@@ -60,13 +60,25 @@ class Supervisor:
         self.children: list[Child] = []
         self.env = {**os.environ, **(env or {})}
 
-    def start(self, name: str, kind: str, args: list[str], ready: bool = True) -> Child:
+    def start(
+        self,
+        name: str,
+        kind: str,
+        args: list[str],
+        ready: bool = True,
+        *,
+        env: dict[str, str] | None = None,
+        nproc: int = 1,
+    ) -> Child:
+        """Start `fleetrl serve <kind> args` (under torchrun with `nproc` ranks when above 1), with `env` added to
+        the supervisor's environment."""
         ready_file = self.log_dir / "ready" / f"{name}.json" if ready else None
         if ready_file is not None:
             ready_file.parent.mkdir(parents=True, exist_ok=True)
             ready_file.unlink(missing_ok=True)
             args = [*args, "--ready-file", str(ready_file)]
-        argv = [sys.executable, "-m", "fleetrl.cli", "serve", kind, *args]
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
+        argv = [sys.executable, *launcher, "-m", "fleetrl.cli", "serve", kind, *args]
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log_file:
             log_file.write(f"$ {' '.join(argv)}\n".encode())
@@ -76,7 +88,7 @@ class Supervisor:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=self.env,
+                env={**self.env, **(env or {})},
                 start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
                 preexec_fn=_die_with_parent,
             )

@@ -5,6 +5,7 @@ import pytest
 from fleetrl import Config, ConfigError
 from fleetrl.config import parse_override
 from fleetrl.losses import LOSS_NAMES
+from fleetrl.up.config import UpConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,3 +94,6 @@ def test_docs_list_every_field():
     text = (REPO / "docs" / "config.md").read_text()
     missing = [name for name in Config.model_fields if f"`{name}`" not in text]
     assert not missing, f"docs/config.md does not document: {missing}"
+    up_table = text[text.index("## The `[up]` table") :]
+    missing = [name for name in UpConfig.model_fields if f"`{name}`" not in up_table]
+    assert not missing, f"docs/config.md's [up] table does not document: {missing}"

@@ -56,3 +56,16 @@ def test_up_trains_with_the_vllm_engine(up_run):
     # Weights went to the vLLM replica in place: every push is logged with its pause.
     assert (run_dir / "inference-0.log").read_text().count("loaded weights version") >= 3
     check_ledger(run_dir, steps=3, groups_per_step=2)
+
+
+def test_up_runs_a_two_rank_fsdp_trainer_under_torchrun(up_run):
+    # trainer_procs = 2: torchrun, FSDP2 over gloo on CPU; rank 0 serves, rank 1 follows its commands.
+    result, run_dir = up_run({"max_head_offpolicy_versions": 1, "dcp_save_interval": 2}, {"trainer_procs": 2})
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    metrics = read_metrics(run_dir)
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    trainer_log = (run_dir / "trainer.log").read_text()
+    assert "torch.distributed.run" in trainer_log.splitlines()[0]
+    assert "rank 1/2: process group up (gloo)" in trainer_log
+    check_ledger(run_dir, steps=3, groups_per_step=2)
+    assert (run_dir / "final" / "config.json").exists()  # exported from the sharded model

@@ -1,0 +1,57 @@
+import json
+import sys
+
+import pytest
+
+from fleetrl.config import ConfigError
+from fleetrl.up.config import UpConfig
+from fleetrl.up.supervisor import Supervisor
+
+
+def write(tmp_path, up):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run": {}, "up": {"rollout": "m:f", **up}}))
+    return path
+
+
+def test_gpu_layout_sets_each_child_cuda_visible_devices(tmp_path):
+    up = UpConfig.from_file(
+        write(tmp_path, {"replicas": 2, "inference_gpus": [[0, 1], [2]], "trainer_procs": 2, "trainer_gpus": [3, 4]})
+    )
+    assert up.replica_env(0) == {"CUDA_VISIBLE_DEVICES": "0,1"} and up.replica_env(1) == {"CUDA_VISIBLE_DEVICES": "2"}
+    assert up.trainer_env() == {"CUDA_VISIBLE_DEVICES": "3,4"}
+    plain = UpConfig.from_file(write(tmp_path, {}))
+    assert plain.trainer_env() == {} and plain.replica_env(0) == {}
+
+
+@pytest.mark.parametrize(
+    ("up", "message"),
+    [
+        ({"trainer_procs": 2, "trainer_gpus": [0]}, "trainer_gpus has 1 GPUs but trainer_procs is 2"),
+        ({"replicas": 2, "inference_gpus": [[0]]}, "inference_gpus has 1 lists but replicas is 2"),
+        ({"trainer_procs": 0}, "up.trainer_procs: Input should be greater than or equal to 1"),
+    ],
+)
+def test_bad_layout_fails_at_start_naming_the_field(tmp_path, up, message):
+    with pytest.raises(ConfigError, match=message):
+        UpConfig.from_file(write(tmp_path, up))
+
+
+def test_supervisor_runs_a_multi_rank_service_under_torchrun(tmp_path, monkeypatch):
+    started = []
+
+    class FakePopen:  # records the command line; no process is started
+        def __init__(self, argv, **kwargs):
+            started.append((argv, kwargs["env"]))
+            self.pid = 0
+
+    monkeypatch.setattr("fleetrl.up.supervisor.subprocess.Popen", FakePopen)
+    sup = Supervisor(tmp_path, {"A": "1"})
+    sup.start("trainer", "trainer", ["--x"], ready=False, env={"CUDA_VISIBLE_DEVICES": "2,3"}, nproc=2)
+    sup.start("gateway-0", "gateway", ["--y"], ready=False)
+    (argv, env), (plain_argv, plain_env) = started
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert argv == [*torchrun, "-m", "fleetrl.cli", "serve", "trainer", "--x"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["A"] == "1"
+    assert plain_argv == [sys.executable, "-m", "fleetrl.cli", "serve", "gateway", "--y"]
+    assert plain_env.get("CUDA_VISIBLE_DEVICES") != "2,3"
