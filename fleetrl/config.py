@@ -157,6 +157,13 @@ class Config(BaseModel):
                 f"weight_sync_interval ({interval}) must be <= max_head_offpolicy_versions + 1 "
                 f"({o + 1}): rollouts would wait for weights that are not pushed yet"
             )
+        if interval == 0 and (self.synchronous_training or self.stale_policy == "requeue"):
+            raise ValueError(
+                "weight_sync_interval = 0 (the replicas keep the base weights) needs stale_policy = 'train' and "
+                "asynchronous training: every sample would be older than the policy it trains after "
+                f"{o + 1} steps (synchronous_training = {self.synchronous_training}, stale_policy = "
+                f"{self.stale_policy!r})"
+            )
         if self.lr_warmup_steps and self.max_steps and self.lr_warmup_steps > self.max_steps:
             raise ValueError(f"lr_warmup_steps ({self.lr_warmup_steps}) must be <= max_steps ({self.max_steps})")
         return self

@@ -36,6 +36,9 @@ class ControllerConfig(BaseModel):
         False, description="An evaluator gateway runs: evaluate at start, every run.evaluation_interval steps, at end."
     )
     eval_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the start and final evaluations.")
+    stall_timeout_s: float = Field(
+        1800.0, gt=0, description="Fail the run when no row is reported and no step trained for this long (a hang)."
+    )
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the bound addresses as JSON here once serving.")
     metrics_jsonl: str | None = Field(None, description="Per-step metrics; None = <log_path>/metrics.jsonl.")

@@ -46,6 +46,7 @@ class Orchestrator:
         start_timeout_s: float = 600.0,
         evaluation: bool = False,
         eval_timeout_s: float = 600.0,
+        stall_timeout_s: float = 1800.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.run_cfg = run
@@ -58,6 +59,9 @@ class Orchestrator:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.start_timeout_s = start_timeout_s
         self.clock = clock
+        self.stall_timeout_s = stall_timeout_s
+        self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
+        self.pushed_version = scheduler.gate.version  # the version every replica must serve (the last pushed)
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
         self.finished = False
         self.error = ""
@@ -101,7 +105,7 @@ class Orchestrator:
                 if member.kind == "inference":
                     stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
                     status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
-                    if status.loaded_version < self.scheduler.gate.version and not member.fenced:
+                    if status.loaded_version < self.pushed_version and not member.fenced:
                         self.members.fence(member.member_id, f"serves version {status.loaded_version}")
                 else:
                     stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
@@ -163,6 +167,7 @@ class Orchestrator:
             reason = f"{exc.code().name}: {exc.details()}"
             raise RunFailed(f"trainer failed to publish version {version}: {reason}") from None
         await self.push_weights(int(reply.version), reply.weights_address)
+        self.pushed_version = int(reply.version)
         log.info("resumed at version %d: every replica serves it", version)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -187,6 +192,7 @@ class Orchestrator:
                         await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
                     except TimeoutError:
                         self.scheduler.expire(self.clock())
+                    self.check_stalled()
                     continue
                 await self.train_and_publish(step)
             if self.evaluation:
@@ -200,6 +206,23 @@ class Orchestrator:
             self.finished = True
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
+
+    def check_stalled(self) -> None:
+        """A run where no row is reported and no step trained for `stall_timeout_s` is hung: fail it, saying what
+        the pipeline looks like, instead of waiting forever."""
+        idle = self.clock() - self.last_progress
+        if idle <= self.stall_timeout_s:
+            return
+        now = self.clock()
+        replicas = self.members.alive("inference", now)
+        snapshot = self.scheduler.snapshot()
+        raise RunFailed(
+            f"no row reported and no step trained for {idle:.0f} s (stall_timeout_s {self.stall_timeout_s:.0f}): "
+            f"{len(self.members.routable_replicas(now))} of {len(replicas)} live replicas routable, "
+            f"{len(self.members.alive('gateway', now))} live gateways, {snapshot['rows_in_flight']} rows leased, "
+            f"{snapshot['rows_queued']} queued, {snapshot['groups_pending']} groups waiting for a step, "
+            f"gate {self.scheduler.gate.snapshot()}"
+        )
 
     async def train_and_publish(self, step: StepAssignment) -> None:
         t_start = self.clock()
@@ -217,12 +240,14 @@ class Orchestrator:
         weight_update_time = 0.0
         if reply.published:
             weight_update_time = await self.push_weights(reply.version, reply.weights_address)
+            self.pushed_version = int(reply.version)
             self.scheduler.publish(reply.version)
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
             self.scheduler.publish(reply.version)
         t_end = self.clock()
         self._last_step_end = t_end
+        self.last_progress = t_end
         self.write_metrics(step, reply, wait_time, t_trained - t_start, weight_update_time, t_end - t_start)
         interval = self.run_cfg.evaluation_interval
         if self.evaluation and interval and step.step % interval == 0:

@@ -99,6 +99,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         start_timeout_s=config.start_timeout_s,
         evaluation=config.evaluation,
         eval_timeout_s=config.eval_timeout_s,
+        stall_timeout_s=config.stall_timeout_s,
     )
     servicer = ControllerServicer(
         scheduler, members, orchestrator, run_id=uuid.uuid4().hex[:12], heartbeat_interval_s=config.heartbeat_interval_s

@@ -104,6 +104,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             for why, count in report.samples_dropped.items():
                 key = f"samples_dropped_{why}"
                 self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
+        if request.reports:
+            self.orchestrator.last_progress = now
         self.orchestrator.wakeup.set()
         return controller_pb2.ReportRowsResponse(results=results)
 

@@ -33,6 +33,8 @@ def test_defaults_are_valid_and_described():
             {"synchronous_training": True, "max_head_offpolicy_versions": 2},
             "max_head_offpolicy_versions",
         ),
+        ({"weight_sync_interval": 0}, "stale_policy = 'train'"),
+        ({"weight_sync_interval": 0, "stale_policy": "train", "synchronous_training": True}, "weight_sync_interval"),
         ({"dual_clip_c": 0.5}, "dual_clip_c"),
         ({"loss_agg_mode": "mean"}, "loss_agg_mode"),
         ({"no_such_field": 1}, "no_such_field"),
@@ -42,6 +44,10 @@ def test_bad_configs_fail_naming_the_field(data, field):
     with pytest.raises(ConfigError) as info:
         Config.load(data)
     assert field in str(info.value)
+
+
+def test_replicas_that_never_get_weights_need_stale_samples_trained():
+    assert Config(weight_sync_interval=0, stale_policy="train").weight_sync_interval == 0
 
 
 def test_synchronous_training_defaults_o_to_zero():

@@ -69,3 +69,17 @@ def test_up_runs_a_two_rank_fsdp_trainer_under_torchrun(up_run):
     assert "rank 1/2: process group up (gloo)" in trainer_log
     check_ledger(run_dir, steps=3, groups_per_step=2)
     assert (run_dir / "final" / "config.json").exists()  # exported from the sharded model
+
+
+def test_up_with_replicas_that_never_get_weights(up_run):
+    # weight_sync_interval = 0: the replicas keep the base weights, the gate follows the trainer's versions, and
+    # stale samples are trained (stale_policy = "train"). A replica serving version 0 is not fenced for it.
+    run = {"weight_sync_interval": 0, "stale_policy": "train", "max_head_offpolicy_versions": 1, "max_steps": 4}
+    result, run_dir = up_run(run, timeout_s=300)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    metrics = read_metrics(run_dir)
+    assert [m["version"] for m in metrics] == [1, 2, 3, 4]
+    assert max(m["async/version_offset_max"] for m in metrics) >= 2  # samples of version 0 trained at step 3+
+    assert "loaded weights version" not in (run_dir / "inference-0.log").read_text()
+    assert "fenced" not in (run_dir / "controller.log").read_text()
+    check_ledger(run_dir, steps=4, groups_per_step=2)

@@ -1,0 +1,42 @@
+"""A run where nothing moves fails after `stall_timeout_s`, saying what the pipeline looks like."""
+
+import pytest
+
+from fleetrl import Config
+from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.gate import OffPolicyGate
+from fleetrl.services.controller.orchestrator import Orchestrator, RunFailed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_no_progress_for_stall_timeout_fails_the_run(tmp_path):
+    clock = Clock()
+    scheduler = RowScheduler(
+        DatasetCursor([{"q": i} for i in range(8)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
+    )
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    members.register("inference", "inference-0", "127.0.0.1:1", clock.now)
+    members.fence("inference-0", "serves version 0")
+    orch = Orchestrator(
+        Config(), scheduler, members, metrics_path=tmp_path / "m.jsonl", stall_timeout_s=60, clock=clock
+    )
+    scheduler.lease("gw", 1, now=clock.now)
+    clock.now += 59
+    orch.check_stalled()  # within the timeout: nothing happens
+    orch.last_progress = clock.now  # a row was reported
+    clock.now += 61
+    members.heartbeat("inference-0", clock.now)  # alive, but fenced: no rollout can be routed
+    with pytest.raises(RunFailed) as failed:
+        orch.check_stalled()
+    message = str(failed.value)
+    assert "no row reported and no step trained for 61 s" in message
+    assert "0 of 1 live replicas routable" in message and "1 rows leased" in message
