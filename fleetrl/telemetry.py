@@ -11,6 +11,8 @@ process never collide on metric names.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -63,6 +65,17 @@ def start_metrics_server(
     except OSError as exc:
         raise OSError(f"could not start the metrics endpoint on {host}:{port}: {exc}") from exc
     return MetricsServer(registry, host, int(httpd.server_port), httpd, thread)
+
+
+async def linger_then_close(server: MetricsServer | None, seconds: float, stop: asyncio.Event | None = None) -> None:
+    """Keep serving the final values for `seconds` (so a Prometheus scraping every N s sees them: use more than N),
+    or until `stop` is set, then close. A service that ends with its run calls this on the way out."""
+    if server is None:
+        return
+    if seconds > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for((stop or asyncio.Event()).wait(), timeout=seconds)
+    server.close()
 
 
 def setup_logging(level: str | int | None = None, *, service: str | None = None) -> None:

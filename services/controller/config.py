@@ -36,6 +36,9 @@ class ControllerConfig(BaseModel):
         False, description="An evaluator gateway runs: evaluate at start, every run.evaluation_interval steps, at end."
     )
     eval_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the start and final evaluations.")
+    metrics_linger_s: float = Field(
+        0.0, ge=0, description="Keep /metrics up this long after the run so Prometheus scrapes the final values."
+    )
     stall_timeout_s: float = Field(
         1800.0, gt=0, description="Fail the run when no row is reported and no step trained for this long (a hang)."
     )

@@ -116,7 +116,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
 async def serve(config: ControllerConfig) -> int:
     """Run until the data is used up (exit 0) or the run fails (exit 1)."""
     from fleetrl.services.controller.metrics import ControllerMetrics
-    from fleetrl.telemetry import start_metrics_server
+    from fleetrl.telemetry import linger_then_close, start_metrics_server
 
     ctl = create_server(config)
     await ctl.server.start()
@@ -132,8 +132,14 @@ async def serve(config: ControllerConfig) -> int:
     log.info("controller serving on %s", ctl.address)
     loop = asyncio.get_running_loop()
     run_task = asyncio.create_task(ctl.orchestrator.run(), name="orchestrator")
+    stop = asyncio.Event()
+
+    def on_signal() -> None:
+        stop.set()
+        run_task.cancel()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, run_task.cancel)
+        loop.add_signal_handler(sig, on_signal)
     code = 0
     try:
         await run_task
@@ -148,6 +154,5 @@ async def serve(config: ControllerConfig) -> int:
         await ctl.server.stop(grace=2.0)
         await ctl.orchestrator.close()
         ctl.journal.close()
-        if metrics_server is not None:
-            metrics_server.close()
+        await linger_then_close(metrics_server, config.metrics_linger_s, stop)
     return code

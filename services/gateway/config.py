@@ -32,6 +32,9 @@ class GatewayConfig(BaseModel):
     rpc_timeout_s: float = Field(30.0, gt=0, description="Controller calls fail after this.")
     controller_lost_s: float = Field(120.0, gt=0, description="Give up when the controller is unreachable this long.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")
+    metrics_linger_s: float = Field(
+        0.0, ge=0, description="Keep /metrics up this long after the run so Prometheus scrapes the final values."
+    )
     host: str = Field("127.0.0.1", description="Address the metrics endpoint binds to.")
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the metrics port here once running.")

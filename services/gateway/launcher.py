@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
     parser.add_argument("--host", help="address the metrics endpoint binds to (default 127.0.0.1)")
+    parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
     parser.add_argument("--ready-file", help="write the metrics port here once running")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return parser
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                     "gateway_id": args.gateway_id,
                     "max_rows_in_flight": args.max_rows_in_flight,
                     "metrics_port": args.metrics_port,
+                    "metrics_linger_s": args.metrics_linger,
                     "host": args.host,
                     "ready_file": args.ready_file,
                     "log_level": args.log_level,
@@ -80,7 +82,7 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
     from fleetrl.ready_file import write_ready_file
     from fleetrl.services.gateway.metrics import GatewayMetrics
     from fleetrl.services.gateway.worker import Gateway
-    from fleetrl.telemetry import start_metrics_server
+    from fleetrl.telemetry import linger_then_close, start_metrics_server
     from fleetrl.user_code import load_object
 
     run_cfg = config.run
@@ -95,11 +97,12 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
         GatewayMetrics(metrics_server.registry, gateway)
     if config.ready_file:
         write_ready_file(config.ready_file, {"metrics_port": metrics_server.port if metrics_server else None})
+    code = 1
     try:
-        return await gateway.run()
+        code = await gateway.run()
+        return code
     finally:
-        if metrics_server is not None:
-            metrics_server.close()
+        await linger_then_close(metrics_server, config.metrics_linger_s if code == 0 else 0.0)
 
 
 if __name__ == "__main__":

@@ -150,6 +150,8 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -
         "FLEETRL_CONFIG_DIR": str(config_dir),
         "FLEETRL_MODEL_DIR": tiny_model_dir,
         "FLEETRL_ENGINE": "hf",
+        # Prometheus scrapes every second here: 3 s of /metrics after the run is enough for the final values.
+        "FLEETRL_METRICS_LINGER_S": "3",
     }
     services = compose_services(COMPOSE_FILE, env, {"cpu", "reference"}, workdir, scale={"gateway": 2})
     started = time.monotonic()

@@ -173,7 +173,8 @@ def smoke_values(model_dir: str) -> dict:
         "model": {"volume": {"hostPath": {"path": model_dir, "type": "Directory"}}},
         "run": {"config": config, "rollout": "tests.integration.up.rollouts:make_rollout_fn", "rows": rows},
         "inference": {"engine": "hf", "extraArgs": []},
-        "gateway": {"autoscaling": {"enabled": False}, "replicas": 1},
+        "controller": {"metricsLingerSeconds": 1},
+        "gateway": {"autoscaling": {"enabled": False}, "replicas": 1, "metricsLingerSeconds": 1},
     }
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client import Counter
 
-from fleetrl.telemetry import setup_logging, start_metrics_server
+from fleetrl.telemetry import linger_then_close, setup_logging, start_metrics_server
 
 
 def _scrape(url: str) -> str:
@@ -49,3 +51,16 @@ def test_setup_logging_is_idempotent_and_checks_the_level(capsys: pytest.Capture
         setup_logging("loud")
     for handler in handlers:
         logging.getLogger().removeHandler(handler)
+
+
+async def test_linger_keeps_the_final_values_scrapeable_until_stopped() -> None:
+    server = start_metrics_server(0)
+    Counter("final_steps", "steps", registry=server.registry).inc(3)
+    stop = asyncio.Event()
+    lingering = asyncio.create_task(linger_then_close(server, 60.0, stop))
+    await asyncio.sleep(0.2)
+    assert "final_steps_total 3.0" in await asyncio.to_thread(_scrape, server.url)  # the run is over, still served
+    stop.set()  # SIGTERM: no need to wait out the linger
+    await asyncio.wait_for(lingering, timeout=5)
+    with pytest.raises(urllib.error.URLError):
+        _scrape(server.url)
