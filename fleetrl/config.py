@@ -41,7 +41,7 @@ class Config(BaseModel):
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
 
     # --- data ---
-    dataset: str | None = Field(None, description="JSONL file of prompt rows (or rows via main()).")
+    dataset: str | None = Field(None, description="Prompt rows: a JSONL or Parquet file (or rows via main()).")
     max_rows: int | None = Field(None, ge=1, description="Use at most this many dataset rows.")
     epochs: int = Field(1, ge=1, description="Passes over the dataset.")
     shuffle: bool = Field(True, description="Shuffle rows each epoch (seeded).")
@@ -112,7 +112,7 @@ class Config(BaseModel):
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
     evaluation_interval: int = Field(0, ge=0, description="Evaluate every N steps; 0 = start/end.")
-    eval_dataset: str | None = Field(None, description="JSONL of held-out rows for the evaluation hook.")
+    eval_dataset: str | None = Field(None, description="Held-out rows (JSONL or Parquet) for the evaluation hook.")
 
     @model_validator(mode="before")
     @classmethod

@@ -22,6 +22,32 @@ class CursorPosition:
     index: int = 0
 
 
+def load_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
+    """Read a dataset of rows (dicts): JSONL, or Parquet (`.parquet`, as verl's data scripts write; needs
+    pyarrow: `pip install 'fleetrl[parquet]'`). Nested columns (chat messages, a `reward_model` struct) come back
+    as lists and dicts."""
+    if Path(path).suffix.lower() == ".parquet":
+        return load_parquet_rows(path, max_rows)
+    return load_jsonl_rows(path, max_rows)
+
+
+def load_parquet_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"{path}: reading Parquet needs pyarrow: pip install 'fleetrl[parquet]'") from None
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path}: not a readable Parquet file: {exc}") from None
+    if max_rows is not None:
+        table = table.slice(0, max_rows)
+    rows = table.to_pylist()
+    if not rows:
+        raise ValueError(f"{path}: the dataset has no rows")
+    return rows
+
+
 def load_jsonl_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
     """Read a JSONL dataset; a bad line fails with its line number."""
     rows: list[dict[str, Any]] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import grpc
 
-from fleetrl.controller.dataset import DatasetCursor, load_jsonl_rows
+from fleetrl.controller.dataset import DatasetCursor, load_rows
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
@@ -44,7 +44,7 @@ class ControllerServer:
 
 def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
     run = config.run
-    rows = load_jsonl_rows(config.rows_path or run.dataset or "", max_rows=run.max_rows)
+    rows = load_rows(config.rows_path or run.dataset or "", max_rows=run.max_rows)
     kwargs = dict(
         prompt_groups_per_step=run.prompt_groups_per_step,
         stale_policy=run.stale_policy,

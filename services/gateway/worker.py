@@ -117,9 +117,9 @@ class Gateway:
         if self.evaluation_fn is not None:
             if not self.run_cfg.eval_dataset:
                 raise ValueError("--evaluation needs run.eval_dataset (a JSONL of held-out rows)")
-            from fleetrl.controller.dataset import load_jsonl_rows
+            from fleetrl.controller.dataset import load_rows
 
-            self.eval_rows = load_jsonl_rows(self.run_cfg.eval_dataset)
+            self.eval_rows = load_rows(self.run_cfg.eval_dataset)
         tasks: set[asyncio.Task[None]] = set()
         try:
             await self._register()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetrl.controller.journal import Journal
-from tests.integration.up.conftest import read_metrics
+from tests.integration.up.conftest import fleetrl_up, read_metrics, write_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -83,3 +83,14 @@ def test_up_with_replicas_that_never_get_weights(up_run):
     assert "loaded weights version" not in (run_dir / "inference-0.log").read_text()
     assert "fenced" not in (run_dir / "controller.log").read_text()
     check_ledger(run_dir, steps=4, groups_per_step=2)
+
+
+def test_up_reads_a_parquet_dataset(tmp_path, tiny_model_dir):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"prompt": f"count {i} to {i + 3}:"} for i in range(12)]), rows)
+    config = write_run(tmp_path, tiny_model_dir, {"dataset": str(rows), "max_steps": 2}, {})
+    result = fleetrl_up(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(tmp_path / "run")] == [1, 2]

@@ -1,6 +1,6 @@
 import pytest
 
-from fleetrl.controller.dataset import CursorPosition, DatasetCursor, load_jsonl_rows
+from fleetrl.controller.dataset import CursorPosition, DatasetCursor, load_jsonl_rows, load_rows
 
 ROWS = [{"q": i} for i in range(5)]
 
@@ -48,3 +48,27 @@ def test_load_jsonl_names_bad_line(tmp_path):
     path.write_text("[1, 2]\n")
     with pytest.raises(ValueError, match="JSON object"):
         load_jsonl_rows(path)
+
+
+def test_parquet_rows_as_verl_writes_them(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [
+        {
+            "data_source": "gsm8k",
+            "prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+            "reward_model": {"style": "rule", "ground_truth": str(i + 1)},
+            "extra_info": {"index": i},
+        }
+        for i in range(5)
+    ]
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert load_rows(path) == rows
+    assert load_rows(path, max_rows=2) == rows[:2]
+    jsonl = tmp_path / "rows.jsonl"
+    jsonl.write_text('{"a": 1}\n')
+    assert load_rows(jsonl) == [{"a": 1}]
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=r"bad\.parquet: not a readable Parquet file"):
+        load_rows(tmp_path / "bad.parquet")
