@@ -10,11 +10,12 @@ from typing import Any
 
 
 class Progress:
-    def __init__(self, metrics_path: Path, max_steps: int | None, stream: Any = None) -> None:
+    def __init__(self, metrics_path: Path, max_steps: int | None, stream: Any = None, from_end: bool = False) -> None:
+        """`from_end`: show only lines appended from now on (a resumed run appends to the file)."""
         self.path = metrics_path
         self.max_steps = max_steps
         self.stream = stream or sys.stdout
-        self.offset = 0
+        self.offset = metrics_path.stat().st_size if from_end and metrics_path.exists() else 0
         self.start = time.monotonic()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.last: dict[str, Any] = {}

@@ -76,7 +76,8 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
             if i == 0 and up.evaluation:  # one gateway evaluates held-out rows when the controller asks
                 args += ["--evaluation", _rollout_spec(up.evaluation, config_path.parent)]
             gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
-        return _watch(sup, controller, gateways, gateway_argv, up, metrics_path, run, stop_requested)
+        progress = Progress(metrics_path, run.max_steps, from_end=resume)
+        return _watch(sup, controller, gateways, gateway_argv, up, progress, stop_requested)
     except ServiceFailed as exc:
         print(
             f"fleetrl up: {exc}\n--- last lines of {exc.child.log_path} ---\n{log_tail(exc.child.log_path)}",
@@ -132,11 +133,10 @@ def _watch(
     gateways: list[Child],
     gateway_argv: list[str],
     up: UpConfig,
-    metrics_path: Path,
-    run: Config,
+    progress: Progress,
     stop_requested: list[int],
 ) -> int:
-    progress = Progress(metrics_path, run.max_steps)
+    metrics_path = progress.path
     restarts = 0
     while True:
         progress.update()
