@@ -2,6 +2,7 @@
 
     fleetrl up run.toml [--set k=v]     run every service locally and train (the embedded default)
     fleetrl serve <service> [options]   start one service (inference, trainer, reference, controller, gateway)
+    fleetrl eval run.toml [--model P]   the run's evaluation hook on its held-out rows, for one model
     fleetrl status [HOST:PORT]          print a running controller's state
     fleetrl health HOST:PORT            gRPC health probe (containers' HEALTHCHECK)
     fleetrl plot LOG_PATH               PNG of reward, eval accuracy, KL, entropy and version offset per step
@@ -34,7 +35,8 @@ def _serve(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["up", "serve", "status", "plot", "health", "demo"], help="what to run")
+    commands = ["up", "serve", "eval", "status", "plot", "health", "demo"]
+    parser.add_argument("command", choices=commands, help="what to run")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0
@@ -45,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         from fleetrl.up.run import main as up_main
 
         return up_main(rest)
+    if command == "eval":
+        from fleetrl.up.evaluate import main as eval_main
+
+        return eval_main(rest)
     if command == "status":
         from fleetrl.up.status import main as status_main
 

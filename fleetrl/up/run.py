@@ -29,7 +29,7 @@ from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
 EXIT_CIRCUIT_OPEN = 3
 
 
-def _rollout_spec(spec: str, config_dir: Path) -> str:
+def user_spec(spec: str, config_dir: Path) -> str:
     """A file path in the spec is taken relative to the run config's folder."""
     module, _, attr = spec.rpartition(":")
     if module.endswith(".py") and not Path(module).is_absolute():
@@ -61,7 +61,7 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
         gateway_argv = [
             *common,
             "--rollout",
-            _rollout_spec(up.rollout, config_path.parent),
+            user_spec(up.rollout, config_path.parent),
             "--controller",
             controller_address,
             "--metrics-port",
@@ -74,7 +74,7 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
         for i in range(up.gateways):
             args = list(gateway_argv)
             if i == 0 and up.evaluation:  # one gateway evaluates held-out rows when the controller asks
-                args += ["--evaluation", _rollout_spec(up.evaluation, config_path.parent)]
+                args += ["--evaluation", user_spec(up.evaluation, config_path.parent)]
             gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
         progress = Progress(metrics_path, run.max_steps, from_end=resume)
         return _watch(sup, controller, gateways, gateway_argv, up, progress, stop_requested)

@@ -74,3 +74,9 @@ def make_broken_rollout_fn(setup: RolloutSetup):
         raise KeyError(f"row has no field 'question': {sorted(row)}")
 
     return rollout_fn
+
+
+async def broken_evaluate(setup: RolloutSetup, rows: list[dict]) -> dict[str, float]:
+    """An evaluation hook that samples once, then fails (fleetrl eval must say so and exit 1)."""
+    await setup.sampler.sample_with_prompt_tokens(setup.tokenizer.encode(rows[0]["prompt"]), n=1, max_tokens=2)
+    raise RuntimeError("the grader is down")

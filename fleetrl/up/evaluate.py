@@ -1,0 +1,108 @@
+"""`fleetrl eval run.toml [--model PATH]`: run the run's evaluation hook on its held-out rows against one model.
+
+    fleetrl eval examples/arithmetic/run.toml                                # the base model
+    fleetrl eval examples/arithmetic/run.toml --model runs/arithmetic/final  # the promoted model of a run
+
+Starts one inference replica (the `[up]` engine and `inference_args`) on the model, hands the evaluation function
+(`[up] evaluation`) the same `RolloutSetup` a gateway would, with `eval_dataset`'s rows, and prints its metrics as
+one JSON object (also written to `--out`). No controller or trainer: nothing is trained. Exit 0, or 2 on a bad
+config, 1 when the replica or the evaluation fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetrl.config import Config, ConfigError, parse_override
+from fleetrl.rollout import RolloutSetup
+from fleetrl.up.config import UpConfig
+from fleetrl.up.supervisor import ServiceFailed, Supervisor, log_tail
+
+
+async def evaluate_with(
+    address: str, run: Config, evaluation: str, model: str, timeout_s: float, *, auth_token: str | None = None
+) -> dict[str, float]:
+    """The evaluation hook's metrics for the model served at `address` (an inference replica)."""
+    from transformers import AutoTokenizer
+
+    from fleetrl.controller.dataset import load_rows
+    from fleetrl.services.gateway.sampler import Sampler
+    from fleetrl.user_code import load_object
+
+    evaluation_fn = load_object(evaluation)
+    rows = load_rows(run.eval_dataset or "")
+    tokenizer = AutoTokenizer.from_pretrained(run.tokenizer_model or model)
+    sampler = Sampler(tokenizer, auth_token=auth_token, default_kwargs=run.sample_kwargs)
+    sampler.set_replicas([address])
+    setup = RolloutSetup(
+        tokenizer=tokenizer,
+        sampler=sampler,
+        sample_kwargs=dict(run.sample_kwargs),
+        completions_per_prompt=run.completions_per_prompt,
+        extras=dict(run.rollout_extras),
+        max_seq_len=run.max_seq_len,
+    )
+    try:
+        metrics = await asyncio.wait_for(evaluation_fn(setup, rows), timeout=timeout_s)
+    finally:
+        await sampler.close()
+    return {str(k): float(v) for k, v in dict(metrics).items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fleetrl eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", type=Path, help="run.toml with eval_dataset in [run] and evaluation in [up]")
+    parser.add_argument("--model", help="HF model folder to evaluate (default: run.base_model)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
+    parser.add_argument("--out", type=Path, help="also write the metrics here as JSON")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the evaluation may take")
+    args = parser.parse_args(argv)
+    try:
+        run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
+        up = UpConfig.from_file(args.config)
+        model = args.model or run.base_model
+        if not model:
+            raise ConfigError("run.base_model: no model to evaluate (set it, or pass --model)")
+        if not up.evaluation:
+            raise ConfigError("up.evaluation: the config names no evaluation function")
+        if not run.eval_dataset:
+            raise ConfigError("run.eval_dataset: the config names no held-out rows")
+    except ConfigError as exc:
+        print(f"fleetrl eval: {exc}", file=sys.stderr)
+        return 2
+    from fleetrl.up.run import user_spec
+
+    evaluation = user_spec(up.evaluation, args.config.parent)
+    auth_token = up.auth_token or os.environ.get("FLEETRL_AUTH_TOKEN")
+    env = {"PYTHONPATH": str(args.config.parent.resolve())}
+    if auth_token:
+        env["FLEETRL_AUTH_TOKEN"] = auth_token
+    sup = Supervisor(Path(run.log_path) / "eval", env)
+    inference_args = ["--model", model, "--engine", up.engine, "--grpc-port", "0", "--no-http", "--no-metrics"]
+    try:
+        replica = sup.start("inference", "inference", [*inference_args, *up.inference_args], env=up.replica_env(0))
+        info = sup.wait_ready(replica, up.startup_timeout_s)
+        address = f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
+        metrics: dict[str, Any] = asyncio.run(
+            evaluate_with(address, run, evaluation, model, args.timeout, auth_token=auth_token)
+        )
+    except ServiceFailed as exc:
+        print(f"fleetrl eval: {exc}\n--- {exc.child.log_path} ---\n{log_tail(exc.child.log_path)}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # the user's evaluation function, the rows file, a timeout: say which
+        print(f"fleetrl eval: evaluation failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sup.stop_all()
+    result = {"model": str(model), **metrics}
+    text = json.dumps(result)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0

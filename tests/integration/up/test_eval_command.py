@@ -1,0 +1,60 @@
+"""`fleetrl eval`: the run's evaluation hook on its held-out rows against one model, through a real replica."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.integration.up.conftest import REPO
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def write_config(tmp_path, model_dir, up):
+    rows = tmp_path / "eval.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{a}+{a}=", "answer": str(2 * a)}) + "\n" for a in range(6)))
+    run = {
+        "base_model": model_dir,
+        "eval_dataset": str(rows),
+        "log_path": str(tmp_path / "run"),
+        "max_completion_tokens": 4,
+        "max_seq_len": 32,
+    }
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run": run, "up": {"rollout": "unused:make", "engine": "hf", **up}}))
+    return path
+
+
+def fleetrl_eval(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "fleetrl.cli", "eval", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_eval_prints_the_hooks_metrics_for_a_model(tmp_path, tiny_model_dir):
+    hook = str(REPO / "examples" / "arithmetic" / "rollout.py") + ":evaluate"
+    config = write_config(tmp_path, tiny_model_dir, {"evaluation": hook})
+    out = tmp_path / "eval.json"
+    result = fleetrl_eval(config, "--model", tiny_model_dir, "--out", out)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert metrics == json.loads(out.read_text())
+    assert metrics["model"] == tiny_model_dir
+    assert 0.0 <= metrics["accuracy"] <= 1.0 and 0.0 <= metrics["sampled_accuracy"] <= 1.0
+    assert (tmp_path / "run" / "eval" / "inference.log").exists()
+
+
+def test_eval_names_what_is_wrong(tmp_path, tiny_model_dir):
+    no_hook = fleetrl_eval(write_config(tmp_path, tiny_model_dir, {}))
+    assert no_hook.returncode == 2 and "up.evaluation" in no_hook.stderr
+    hook = "tests.integration.up.rollouts:broken_evaluate"
+    broken = fleetrl_eval(write_config(tmp_path, tiny_model_dir, {"evaluation": hook}))
+    assert broken.returncode == 1
+    assert "evaluation failed: RuntimeError: the grader is down" in broken.stderr
