@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,31 @@ def fleetrl_up(config: Path, timeout_s: float = 420, extra: list[str] = ()) -> s
         text=True,
         timeout=timeout_s,
     )
+
+
+def start_fleetrl_up(config: Path, *extra: str) -> subprocess.Popen[str]:
+    """`fleetrl up` in the background (stop it with `proc.communicate` / `proc.kill`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.cli", "up", str(config), *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_steps(proc: subprocess.Popen[str], run_dir: Path, steps: int, timeout_s: float = 300) -> None:
+    """Until metrics.jsonl has `steps` lines (fails if `fleetrl up` exits first or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    while len(read_metrics(run_dir)) < steps and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert len(read_metrics(run_dir)) >= steps, f"the run did not reach step {steps}"
+
+
+def service_pids(config: Path, kind: str) -> list[int]:
+    """PIDs of the `fleetrl serve <kind>` processes a `fleetrl up` of `config` started."""
+    out = subprocess.run(["pgrep", "-f", f"serve {kind} --config {config}"], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

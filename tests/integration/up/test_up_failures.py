@@ -7,21 +7,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import grpc
 import pytest
 
 from fleetrl.controller.journal import Journal
 from fleetrl.up.status import fetch_status
-from tests.integration.up.conftest import REPO, read_metrics, write_run
+from tests.integration.up.conftest import read_metrics, service_pids, start_fleetrl_up, wait_for_steps, write_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def gateway_pids(config_path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"serve gateway --config {config_path}"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
 
 
 def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
@@ -39,25 +33,16 @@ def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
         n_rows=40,
     )
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_fleetrl_up(config)
     try:
-        deadline = time.monotonic() + 300
-        while not read_metrics(run_dir) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert read_metrics(run_dir), "no step was trained"
+        wait_for_steps(proc, run_dir, 1)
         # A client without the run's token is refused by the controller.
         ready = (run_dir / "ready" / "controller.json").read_text()
         address = __import__("json").loads(ready)["address"]
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             asyncio.run(fetch_status(address))
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        victims = gateway_pids(config)
+        victims = service_pids(config, "gateway")
         assert len(victims) == 2
         os.kill(victims[0], signal.SIGKILL)
         _out, err = proc.communicate(timeout=300)
@@ -105,30 +90,16 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
         n_rows=200,
     )
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_fleetrl_up(config)
     try:
-        deadline = time.monotonic() + 300
-        while not read_metrics(run_dir) and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-        assert read_metrics(run_dir), "no step was trained"
+        wait_for_steps(proc, run_dir, 1)
         address = __import__("json").loads((run_dir / "ready" / "controller.json").read_text())["address"]
         status = subprocess.run(
             [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
         )
         assert status.returncode == 0, status.stderr
         assert "trained steps" in status.stdout and "trainer" in status.stdout and "gateway" in status.stdout
-        trainer_pid = int(
-            subprocess.run(
-                ["pgrep", "-f", f"serve trainer --config {config}"], capture_output=True, text=True
-            ).stdout.split()[0]
-        )
-        os.kill(trainer_pid, signal.SIGKILL)
+        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
         _out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -6,15 +6,19 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from fleetrl.controller.journal import Journal
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
-from tests.integration.up.conftest import REPO, fleetrl_up, read_metrics, write_run
+from tests.integration.up.conftest import (
+    fleetrl_up,
+    read_metrics,
+    service_pids,
+    start_fleetrl_up,
+    wait_for_steps,
+    write_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,20 +37,10 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
         n_rows=40,
     )
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config)],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_fleetrl_up(config)
     try:
-        deadline = time.monotonic() + 300
-        while len(read_metrics(run_dir)) < 4 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.1)
-        assert len(read_metrics(run_dir)) >= 4, "the first run did not reach step 4"
-        pids = subprocess.run(["pgrep", "-f", f"serve trainer --config {config}"], capture_output=True, text=True)
-        os.kill(int(pids.stdout.split()[0]), signal.SIGKILL)
+        wait_for_steps(proc, run_dir, 4)
+        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
