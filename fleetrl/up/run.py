@@ -196,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         up = UpConfig.from_file(args.config)
         if not run.base_model and up.controller_address is None:
             raise ConfigError("run.base_model: the model to train is required")
+        if up.evaluation and not run.eval_dataset:
+            raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
     except ConfigError as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2

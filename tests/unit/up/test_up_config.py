@@ -55,3 +55,12 @@ def test_supervisor_runs_a_multi_rank_service_under_torchrun(tmp_path, monkeypat
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["A"] == "1"
     assert plain_argv == [sys.executable, "-m", "fleetrl.cli", "serve", "gateway", "--y"]
     assert plain_env.get("CUDA_VISIBLE_DEVICES") != "2,3"
+
+
+def test_fleetrl_up_refuses_an_evaluation_without_held_out_rows(tmp_path, capsys):
+    from fleetrl.up.run import main
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"run": {"base_model": "m"}, "up": {"rollout": "m:f", "evaluation": "m:evaluate"}}))
+    assert main([str(path)]) == 2  # before any process starts
+    assert "run.eval_dataset: [up] evaluation is set" in capsys.readouterr().err
