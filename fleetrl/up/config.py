@@ -32,6 +32,11 @@ class UpConfig(BaseModel):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
     controller_args: list[str] = Field(default_factory=list, description="Extra flags for the controller.")
     max_gateway_restarts: int = Field(5, ge=0, description="Crashed gateways replaced at most this many times.")
+    split_cpu_threads: bool = Field(
+        True,
+        description="Share the CPU cores between trainer, hf replicas and reference (OMP_NUM_THREADS each) unless "
+        "OMP_NUM_THREADS is set; see fleetrl/up/cpu_threads.py.",
+    )
     trainer_procs: int = Field(
         1, ge=1, description="Trainer ranks; above 1 it runs under torchrun (FSDP2: NCCL on GPUs, gloo on CPU)."
     )

@@ -23,6 +23,7 @@ from typing import Any
 
 from fleetrl.config import Config, ConfigError, parse_override
 from fleetrl.up.config import UpConfig
+from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
 from fleetrl.up.progress import Progress
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
 
@@ -47,6 +48,9 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
     }
     if up.auth_token:
         env["FLEETRL_AUTH_TOKEN"] = up.auth_token
+    threads = _thread_plan(run, up)
+    if threads is not None:
+        env.update(threads.env(threads.light))  # controller and gateways; compute services get their share below
     sup = Supervisor(log_dir, env)
     common = ["--config", str(config_path), *[a for s in sets for a in ("--set", s)]]
     stop_requested: list[int] = []
@@ -56,7 +60,7 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        controller = _start_stack(sup, common, run, up, resume) if up.controller_address is None else None
+        controller = _start_stack(sup, common, run, up, resume, threads) if up.controller_address is None else None
         controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
         gateway_argv = [
             *common,
@@ -99,23 +103,41 @@ def _address(info: dict[str, Any]) -> str:
     return f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
 
 
-def _start_stack(sup: Supervisor, common: list[str], run: Config, up: UpConfig, resume: bool) -> Child:
+def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
+    if not up.split_cpu_threads or "OMP_NUM_THREADS" in os.environ or up.controller_address is not None:
+        return None
+    hf_replicas = up.replicas if up.engine == "hf" else 0
+    return plan_threads(
+        available_cpus(), trainer_procs=up.trainer_procs, hf_replicas=hf_replicas, reference=run.kl_beta > 0
+    )
+
+
+def _start_stack(
+    sup: Supervisor, common: list[str], run: Config, up: UpConfig, resume: bool, threads: ThreadPlan | None
+) -> Child:
     t = up.startup_timeout_s
+
+    def share(service: str) -> dict[str, str]:
+        return {} if threads is None else threads.env(getattr(threads, service))
+
     resume_flag = ["--resume"] if resume else []
     model = ["--model", run.base_model]
     replicas = []
     for i in range(up.replicas):
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
-        replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=up.replica_env(i)))
+        env = {**(share("inference") if up.engine == "hf" else {}), **up.replica_env(i)}
+        replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=env))
     reference_args: list[str] = []
     if run.kl_beta > 0:
-        reference = sup.start("reference", "reference", [*model, *_pick_ports("grpc", "metrics")])
+        ref_args = [*model, *_pick_ports("grpc", "metrics")]
+        reference = sup.start("reference", "reference", ref_args, env=share("reference"))
         reference_args = ["--reference", _address(sup.wait_ready(reference, t))]
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
     if up.trainer_gpus is not None and "--device" not in up.trainer_args:
         trainer_args += ["--device", "cuda"]
     trainer_args += up.trainer_args
-    trainer = sup.start("trainer", "trainer", trainer_args, env=up.trainer_env(), nproc=up.trainer_procs)
+    trainer_env = {**share("trainer"), **up.trainer_env()}
+    trainer = sup.start("trainer", "trainer", trainer_args, env=trainer_env, nproc=up.trainer_procs)
     trainer_address = _address(sup.wait_ready(trainer, t))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]

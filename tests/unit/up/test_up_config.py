@@ -64,3 +64,21 @@ def test_fleetrl_up_refuses_an_evaluation_without_held_out_rows(tmp_path, capsys
     path.write_text(json.dumps({"run": {"base_model": "m"}, "up": {"rollout": "m:f", "evaluation": "m:evaluate"}}))
     assert main([str(path)]) == 2  # before any process starts
     assert "run.eval_dataset: [up] evaluation is set" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("cpus", "procs", "replicas", "reference", "expected"),
+    [
+        (2, 1, 1, False, (1, 1, 1)),  # this machine: one core each
+        (16, 1, 1, False, (8, 8, 8)),
+        (16, 2, 2, True, (4, 2, 2)),  # trainer half over 2 ranks; replicas and reference share the other half
+        (8, 1, 0, False, (8, 1, 1)),  # vLLM replicas only: the trainer takes every core
+        (1, 1, 1, True, (1, 1, 1)),  # never below one thread
+    ],
+)
+def test_cpu_threads_are_shared_between_compute_services(cpus, procs, replicas, reference, expected):
+    from fleetrl.up.cpu_threads import plan_threads
+
+    plan = plan_threads(cpus, trainer_procs=procs, hf_replicas=replicas, reference=reference)
+    assert (plan.trainer, plan.inference, plan.reference) == expected and plan.light == 1
+    assert plan.env(plan.trainer) == {"OMP_NUM_THREADS": str(expected[0])}

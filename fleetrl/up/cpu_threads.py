@@ -1,0 +1,47 @@
+"""How `fleetrl up` shares the machine's CPU cores between the services it starts on one machine.
+
+Every torch process uses all cores by default. Two compute-bound processes that overlap in time (the trainer
+training step k while an hf replica samples step k+1, which is the point of asynchronous training) then thrash:
+on a 2-core machine one async run measured the trainer's forward/backward 9x slower than alone. So unless the
+user set OMP_NUM_THREADS, each compute process gets its share through OMP_NUM_THREADS: half the cores to the
+trainer (split across its ranks), the other half to the hf replicas and the reference, at least one each; the
+controller and gateways (I/O-bound) get one. vLLM replicas bind their own threads and are left alone.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    trainer: int  # per trainer rank
+    inference: int  # per hf replica
+    reference: int
+    light: int = 1  # controller, gateways
+
+    def env(self, threads: int) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(threads)}
+
+
+def available_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def plan_threads(cpus: int, *, trainer_procs: int, hf_replicas: int, reference: bool) -> ThreadPlan:
+    """Each compute process's OMP_NUM_THREADS for `cpus` cores."""
+    if cpus < 1 or trainer_procs < 1 or hf_replicas < 0:
+        raise ValueError(f"bad layout: cpus={cpus}, trainer_procs={trainer_procs}, hf_replicas={hf_replicas}")
+    sharers = hf_replicas + int(reference)
+    trainer_share = cpus // 2 if sharers else cpus
+    rest = cpus - trainer_share
+    per_sharer = max(1, rest // sharers) if sharers else 1
+    return ThreadPlan(
+        trainer=max(1, trainer_share // trainer_procs),
+        inference=per_sharer,
+        reference=per_sharer,
+    )
