@@ -21,8 +21,9 @@ class ThreadPlan:
     reference: int
     light: int = 1  # controller, gateways
 
-    def env(self, threads: int) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(threads)}
+    def env(self, service: str) -> dict[str, str]:
+        """OMP_NUM_THREADS for `service`: trainer, inference, reference or light."""
+        return {"OMP_NUM_THREADS": str(getattr(self, service))}
 
 
 def available_cpus() -> int:

@@ -50,7 +50,7 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
         env["FLEETRL_AUTH_TOKEN"] = up.auth_token
     threads = _thread_plan(run, up)
     if threads is not None:
-        env.update(threads.env(threads.light))  # controller and gateways; compute services get their share below
+        env.update(threads.env("light"))  # controller and gateways; compute services get their share below
     sup = Supervisor(log_dir, env)
     common = ["--config", str(config_path), *[a for s in sets for a in ("--set", s)]]
     stop_requested: list[int] = []
@@ -118,7 +118,7 @@ def _start_stack(
     t = up.startup_timeout_s
 
     def share(service: str) -> dict[str, str]:
-        return {} if threads is None else threads.env(getattr(threads, service))
+        return {} if threads is None else threads.env(service)
 
     resume_flag = ["--resume"] if resume else []
     model = ["--model", run.base_model]

@@ -61,7 +61,7 @@ class Orchestrator:
         self.clock = clock
         self.stall_timeout_s = stall_timeout_s
         self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
-        self.pushed_version = scheduler.gate.version  # the version every replica must serve (the last pushed)
+        self.pushed_version = 0  # the version every replica must serve: the last this process pushed (none yet)
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
         self.finished = False
         self.error = ""

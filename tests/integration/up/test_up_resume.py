@@ -69,3 +69,33 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
     assert sorted({ledger[r]["step"] for r in trained}) == list(range(1, 9))
     final_state = json.loads((latest_checkpoint(run_dir / "checkpoints") / STATE_FILE).read_text())
     assert final_state["steps_done"] == 8 and sorted(final_state["trained_row_ids"]) == trained
+
+
+def test_resume_without_a_checkpoint_starts_the_weights_over(tmp_path, tiny_model_dir):
+    # No periodic checkpoint: the killed trainer left nothing, so the resumed run aligns the ledger to version 0,
+    # retrains every row from the base model, and the replicas (serving the base model) stay routable.
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": 4, "rollout_extras": {"tool_latency_s": 0.2}},
+        {"rollout": "tests.integration.up.rollouts:make_slow_rollout_fn"},
+        n_rows=40,
+    )
+    run_dir = tmp_path / "run"
+    proc = start_fleetrl_up(config)
+    try:
+        wait_for_steps(proc, run_dir, 2)
+        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert latest_checkpoint(run_dir / "checkpoints") is None
+    before = len(read_metrics(run_dir))
+    resumed = fleetrl_up(config, extra=["--resume"], timeout_s=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [m["step"] for m in read_metrics(run_dir)][before:] == [1, 2, 3, 4]
+    assert "aligned to the trainer's version 0" in (run_dir / "controller.log").read_text()
+    ledger = Journal(run_dir / "controller.sqlite").rows()
+    trained = [r for r, info in ledger.items() if info["status"] == "trained"]
+    assert len(trained) == 8 and all(ledger[r]["trained_count"] == 1 for r in trained)

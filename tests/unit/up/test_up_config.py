@@ -81,4 +81,5 @@ def test_cpu_threads_are_shared_between_compute_services(cpus, procs, replicas, 
 
     plan = plan_threads(cpus, trainer_procs=procs, hf_replicas=replicas, reference=reference)
     assert (plan.trainer, plan.inference, plan.reference) == expected and plan.light == 1
-    assert plan.env(plan.trainer) == {"OMP_NUM_THREADS": str(expected[0])}
+    assert plan.env("trainer") == {"OMP_NUM_THREADS": str(expected[0])}
+    assert plan.env("light") == {"OMP_NUM_THREADS": "1"}
