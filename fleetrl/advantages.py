@@ -14,6 +14,7 @@ from typing import Literal
 AdvantageMode = Literal["standardize", "center"]
 ADVANTAGE_MODES: tuple[str, ...] = ("standardize", "center")
 STD_EPS = 1e-8
+FLOAT_MAX = 3.0e38  # below float32's largest value: the trainer's advantage tensors are float32
 
 
 def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "standardize") -> list[float] | None:
@@ -26,11 +27,19 @@ def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "standardiz
     for i, r in enumerate(rewards):
         if not math.isfinite(r):
             raise ValueError(f"reward {i} of the group is not finite: {r}")
-    mean = sum(rewards) / n
-    centered = [r - mean for r in rewards]
-    if mode == "center":
-        return centered
-    std = math.sqrt(sum(c * c for c in centered) / (n - 1))
-    if std < STD_EPS:
+    # Finite but huge rewards (e.g. +-1e308) would overflow the sum, the deviations and their squares. Working on
+    # rewards divided by the largest magnitude keeps every intermediate in [-2, 4n]; standardized advantages are
+    # scale-free, so they come out the same (and bounded by sqrt(n - 1)) whatever the reward scale.
+    scale = max(abs(r) for r in rewards)
+    if scale == 0.0:
         return [0.0] * n
-    return [c / (std + STD_EPS) for c in centered]
+    unit = [r / scale for r in rewards]
+    mean = math.fsum(unit) / n
+    centered_unit = [u - mean for u in unit]
+    if mode == "center":
+        # Center mode keeps the reward scale: a deviation beyond the float range saturates instead of becoming inf.
+        return [math.copysign(min(abs(c) * scale, FLOAT_MAX), c) for c in centered_unit]
+    std_unit = math.sqrt(math.fsum(c * c for c in centered_unit) / (n - 1))
+    if std_unit * scale < STD_EPS:
+        return [0.0] * n
+    return [c / (std_unit + STD_EPS / scale) for c in centered_unit]

@@ -1,6 +1,7 @@
 """The `fleetrl` command.
 
-    fleetrl up run.toml [--set k=v]     run every service locally and train (the embedded default)
+    fleetrl up run.toml [--set k=v]     run every service locally and train (the embedded default);
+                                        --resume continues a stopped run, --overwrite starts over
     fleetrl serve <service> [options]   start one service (inference, trainer, reference, controller, gateway)
     fleetrl eval run.toml [--model P]   the run's evaluation hook on its held-out rows, for one model
     fleetrl status [HOST:PORT]          print a running controller's state

@@ -28,7 +28,8 @@ class ConfigError(ValueError):
 class Config(BaseModel):
     """Everything a training run needs. See docs/config.md for guidance on each group."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, frozen=False)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, validate_assignment=True, frozen=False)
 
     # --- paths and model ---
     log_path: str = Field("runs/latest", description="Directory for logs and metrics.jsonl.")
@@ -96,6 +97,9 @@ class Config(BaseModel):
         None, gt=1, description="IcePop: zero tokens whose ratio is outside [1/t, t]."
     )
     num_minibatches: int = Field(1, ge=1, description="Optimizer steps per batch (PPO inner loop).")
+    max_nonfinite_steps: int = Field(
+        3, ge=1, description="Steps in a row whose loss or gradient is not finite (each skipped) before the run fails."
+    )
 
     # --- asynchrony and weight sync ---
     max_head_offpolicy_versions: int = Field(

@@ -5,9 +5,11 @@
     with GroupSender(receiver.address) as sender:                              # gateway side
         sender.send(group)
 
-One ZeroMQ message = one serialized RolloutGroup (no pickle anywhere). On arrival every sample is validated
-with `fleetrl.rollout.validate_sample`; invalid samples are dropped and counted (by field), never fatal.
-A message that does not parse, or carries the wrong auth token, is dropped and counted as a whole.
+One ZeroMQ message = two frames: [auth token (empty when auth is off), serialized RolloutGroup] (no pickle
+anywhere). The receiver compares the token frame before it touches the payload, so an unauthenticated message
+costs no parsing; ZeroMQ disconnects a peer whose frame exceeds `max_message_bytes`. On arrival every sample is
+validated with `fleetrl.rollout.validate_sample`; invalid samples are dropped and counted (by field), never fatal.
+A message with the wrong frames or token, or that does not parse, is dropped and counted as a whole.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import hmac
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import TracebackType
 
 import zmq
@@ -30,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 _POLL_MS = 100
 DEFAULT_MAX_MESSAGE_BYTES = 256 << 20
+MESSAGE_FRAMES = 2  # [auth token, RolloutGroup]
+_MAX_TOKEN_BYTES = 4096  # a longer token frame is refused without being compared
 
 
 class GroupStreamError(RuntimeError):
@@ -44,12 +48,12 @@ class GroupDecodeError(ValueError):
         self.reason = reason
 
 
-def group_to_proto(group: RolloutGroup, auth_token: str | None = None) -> rollout_pb2.RolloutGroup:
+def group_to_proto(group: RolloutGroup) -> rollout_pb2.RolloutGroup:
     msg = rollout_pb2.RolloutGroup(
         row_id=group.row_id,
         submit_version=group.submit_version,
-        auth_token=auth_token or "",
         source=group.source,
+        attempt=group.attempt,
     )
     for s in group.samples:
         sample = msg.samples.add(reward=float(s.reward), finish_reason=s.finish_reason or "", text=s.text or "")
@@ -78,31 +82,42 @@ def group_from_proto(msg: rollout_pb2.RolloutGroup) -> RolloutGroup:
         )
         for s in msg.samples
     ]
-    return RolloutGroup(msg.row_id, msg.submit_version, samples, source=msg.source)
+    return RolloutGroup(msg.row_id, msg.submit_version, samples, source=msg.source, attempt=msg.attempt)
 
 
-def encode_group(group: RolloutGroup, auth_token: str | None = None) -> bytes:
-    return group_to_proto(group, auth_token).SerializeToString()
+def encode_group(group: RolloutGroup, auth_token: str | None = None) -> list[bytes]:
+    """The frames of one message: [auth token (empty: auth off), serialized RolloutGroup]."""
+    return [(auth_token or "").encode(), group_to_proto(group).SerializeToString()]
 
 
-def decode_group(data: bytes, auth_token: str | None = None) -> RolloutGroup:
-    """Parse, check the token, validate samples: a group holding only its valid samples.
+def check_token(frame: bytes | zmq.Frame, auth_token: str | None) -> None:
+    """Raise GroupDecodeError("auth") unless the token frame matches; compared before any parsing."""
+    if auth_token is None:
+        return
+    if len(frame) <= _MAX_TOKEN_BYTES and hmac.compare_digest(bytes(frame), auth_token.encode()):
+        return
+    what = "no auth token" if not len(frame) else "a wrong auth token"
+    raise GroupDecodeError(f"message carries {what} (set FLEETRL_AUTH_TOKEN on the sender)", "auth")
+
+
+def decode_group(frames: Sequence[bytes | zmq.Frame], auth_token: str | None = None) -> RolloutGroup:
+    """Check the frames and the token, then parse and validate: a group holding only its valid samples.
 
     Raises GroupDecodeError (reason "malformed" or "auth") for a message that is dropped as a whole.
     """
+    if len(frames) != MESSAGE_FRAMES:
+        got = len(frames) if len(frames) < MESSAGE_FRAMES else "more"
+        raise GroupDecodeError(f"expected {MESSAGE_FRAMES} frames [token, RolloutGroup], got {got}", "malformed")
+    check_token(frames[0], auth_token)
+    payload = frames[1]
+    data = payload.buffer if isinstance(payload, zmq.Frame) else payload
     msg = rollout_pb2.RolloutGroup()
     try:
         msg.ParseFromString(data)
-    except Exception as exc:  # protobuf raises its own DecodeError subclasses; any of them = drop
-        raise GroupDecodeError(f"not a RolloutGroup protobuf ({len(data)} bytes): {exc}", "malformed") from None
-    if auth_token is not None and not hmac.compare_digest(msg.auth_token.encode(), auth_token.encode()):
-        what = "no auth token" if not msg.auth_token else "a wrong auth token"
-        raise GroupDecodeError(
-            f"group for row {msg.row_id} from {msg.source or '?'} carries {what} "
-            "(set FLEETRL_AUTH_TOKEN on the sender)",
-            "auth",
-        )
-    return split_valid(group_from_proto(msg))
+        group = group_from_proto(msg)
+    except Exception as exc:  # protobuf raises its own DecodeError subclasses (and worse on hostile input): drop
+        raise GroupDecodeError(f"not a RolloutGroup protobuf ({len(data)} bytes): {exc!r}", "malformed") from None
+    return split_valid(group)
 
 
 class GroupSender:
@@ -131,7 +146,7 @@ class GroupSender:
 
     def send(self, group: RolloutGroup) -> None:
         try:
-            self._socket.send(encode_group(group, self._auth_token), copy=False)
+            self._socket.send_multipart(encode_group(group, self._auth_token), copy=False)
         except zmq.Again:
             raise GroupStreamError(
                 f"sending group of row {group.row_id} to {self.address} timed out after "
@@ -155,6 +170,7 @@ class GroupReceiver:
 
     Counters (`counts`): "groups" received and handed over, "samples" kept, "samples_dropped" and
     "samples_dropped/<field>" per invalid field, "messages_dropped/<reason>" (malformed, auth, handler).
+    A frame over `max_message_bytes` never reaches it: ZeroMQ disconnects that peer (ZMQ_MAXMSGSIZE).
     `on_drop(reason, message)` is called for every drop. If the loop itself fails, `error` holds the
     exception and `check()` raises it.
     """
@@ -168,6 +184,9 @@ class GroupReceiver:
         on_drop: Callable[[str, str], object] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
+        if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or max_message_bytes <= 0:
+            raise ValueError(f"max_message_bytes must be a positive int, got {max_message_bytes!r}")
+        self.max_message_bytes = max_message_bytes
         self._on_group = on_group
         self._on_drop = on_drop
         self._auth_token = resolve_auth_token(auth_token)
@@ -210,10 +229,10 @@ class GroupReceiver:
         if self._on_drop is not None:
             self._on_drop(reason, message)
 
-    def handle_message(self, data: bytes) -> RolloutGroup | None:
-        """Decode, validate and hand over one message (the loop's body; also callable directly)."""
+    def handle_message(self, frames: Sequence[bytes | zmq.Frame]) -> RolloutGroup | None:
+        """Check, decode, validate and hand over one message (the loop's body; also callable directly)."""
         try:
-            group = decode_group(data, self._auth_token)
+            group = decode_group(frames, self._auth_token)
         except GroupDecodeError as exc:
             self._count(f"messages_dropped/{exc.reason}")
             self._drop(exc.reason, str(exc))
@@ -228,6 +247,16 @@ class GroupReceiver:
         self._on_group(group)
         return group
 
+    def _receive(self) -> list[zmq.Frame]:
+        """One message's frames without copying; past MESSAGE_FRAMES + 1 the rest are received and let go."""
+        frame = self._socket.recv(copy=False)
+        frames = [frame]
+        while frame.more:
+            frame = self._socket.recv(copy=False)
+            if len(frames) <= MESSAGE_FRAMES:
+                frames.append(frame)
+        return frames
+
     def _run(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
@@ -235,9 +264,9 @@ class GroupReceiver:
             while not self._stop.is_set():
                 if not poller.poll(_POLL_MS):
                     continue
-                data = self._socket.recv(copy=True)
+                frames = self._receive()
                 try:
-                    self.handle_message(data)
+                    self.handle_message(frames)
                 except Exception as exc:  # a failing consumer must not kill the stream: count it
                     logger.exception("group stream: on_group handler failed")
                     self._count("messages_dropped/handler")

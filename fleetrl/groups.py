@@ -51,6 +51,9 @@ class RolloutGroup:
         samples: the valid samples (invalid ones are dropped on arrival, see `split_valid`).
         dropped: the samples dropped from this group on arrival, and why.
         source: who sent it (a gateway id), for logs.
+        attempt: the controller's lease attempt that produced it (1, 2, ...; 0 = unknown). A row can be
+            leased again (stale, expired, failed), so a group's identity is `key` = (row_id, attempt): the
+            controller names the attempt a step trains, and every other attempt of the row is evicted.
     """
 
     row_id: int
@@ -58,6 +61,11 @@ class RolloutGroup:
     samples: list[RolloutSample]
     dropped: list[DroppedSample] = field(default_factory=list)
     source: str = ""
+    attempt: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.row_id, self.attempt)
 
     @property
     def rewards(self) -> list[float]:
@@ -71,8 +79,9 @@ class RolloutGroup:
         return min(versions) if versions else None
 
 
-def split_valid(group: RolloutGroup) -> RolloutGroup:
-    """Validate every sample; return the group with the invalid ones dropped and their messages listed.
+def split_valid(group: RolloutGroup, vocab_size: int | None = None) -> RolloutGroup:
+    """Validate every sample (token ids below `vocab_size` when given); return the group with the invalid ones
+    dropped and their messages listed.
 
     Never raises for a bad sample: dropping and counting is the caller's business (a run goes on).
     """
@@ -80,12 +89,12 @@ def split_valid(group: RolloutGroup) -> RolloutGroup:
     dropped = list(group.dropped)
     for i, sample in enumerate(group.samples):
         try:
-            validate_sample(sample)
+            validate_sample(sample, vocab_size)
         except InvalidSampleError as exc:
             dropped.append(DroppedSample(i, exc.field_name, f"row {group.row_id} sample {i}: {exc}"))
             continue
         kept.append(sample)
-    return RolloutGroup(group.row_id, group.submit_version, kept, dropped, group.source)
+    return RolloutGroup(group.row_id, group.submit_version, kept, dropped, group.source, group.attempt)
 
 
 class GroupFormatError(ValueError):
@@ -105,6 +114,8 @@ def group_to_dict(group: RolloutGroup) -> dict[str, Any]:
     }
     if group.source:
         out["source"] = group.source
+    if group.attempt:
+        out["attempt"] = group.attempt
     return out
 
 
@@ -137,6 +148,9 @@ def group_from_dict(data: Any, where: str = "group") -> RolloutGroup:
         value = data.get(key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise GroupFormatError(f"{where}: {key} must be an int, got {value!r}")
+    attempt = data.get("attempt", 0)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise GroupFormatError(f"{where}: attempt must be an int >= 0, got {attempt!r}")
     samples = data.get("samples")
     if not isinstance(samples, list):
         raise GroupFormatError(f"{where}: samples must be a list")
@@ -145,6 +159,7 @@ def group_from_dict(data: Any, where: str = "group") -> RolloutGroup:
         submit_version=data["submit_version"],
         samples=[sample_from_dict(s, f"{where} sample {i}") for i, s in enumerate(samples)],
         source=str(data.get("source", "")),
+        attempt=attempt,
     )
 
 

@@ -4,24 +4,17 @@ read from `LOG_PATH/metrics.jsonl` (default output `LOG_PATH/curves.png`)."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from fleetrl.metrics_jsonl import one_per_step, read_lines
+
 
 def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training step lines, evaluation lines) of a metrics.jsonl."""
-    steps, evals = [], []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{n}: not valid JSON: {exc.msg}") from None
-        (evals if any(k.startswith("eval/") for k in record) else steps).append(record)
-    return steps, evals
+    """(training step lines, evaluation lines) of a metrics.jsonl, one per step: where a resumed run retrained a
+    step, its last line wins (fleetrl.metrics_jsonl)."""
+    return one_per_step(read_lines(path))
 
 
 def rolling_mean(values: list[float], window: int) -> list[float]:

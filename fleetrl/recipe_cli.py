@@ -6,7 +6,7 @@ A recipe's train.py keeps its own flags, rows and config logic, and takes the co
     p.add_argument("--model", required=True, help="HF causal LM: a local path or hub id")
     add_run_args(p, log_path="runs/my_task")       # --steps --log-path
     add_rows_args(p, data_help="JSONL of rows")    # --data --num-rows --write-rows
-    add_up_args(p)                                 # --engine --inference-args --trainer-args --set
+    add_up_args(p)                                 # --engine --inference-args --trainer-args --set --resume --overwrite
     args = p.parse_args()
     cfg = recipe_config(args, DEFAULTS)            # DEFAULTS < --model/--log-path/--steps < fields < --set
     fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))
@@ -45,11 +45,15 @@ def add_rows_args(
 
 
 def add_up_args(parser: argparse.ArgumentParser) -> None:
-    """--engine, --inference-args, --trainer-args (how `fleetrl.main` starts the services) and --set KEY=VALUE."""
+    """--engine, --inference-args, --trainer-args (how `fleetrl.main` starts the services), --set KEY=VALUE, and
+    --resume / --overwrite (what to do with a run already in --log-path)."""
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="inference engine (vllm on a GPU)")
     parser.add_argument("--inference-args", default="", help="extra flags for each inference replica, one string")
     parser.add_argument("--trainer-args", default="", help="extra flags for the trainer, e.g. '--device cuda'")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field")
+    log_path = parser.add_mutually_exclusive_group()
+    log_path.add_argument("--resume", action="store_true", help="continue the run in --log-path (stopped or crashed)")
+    log_path.add_argument("--overwrite", action="store_true", help="delete the run in --log-path and start over")
 
 
 def recipe_config(args: argparse.Namespace, defaults: Mapping[str, Any], **fields: Any) -> Config:
@@ -71,10 +75,12 @@ def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:
 
 
 def up_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The keyword arguments for `fleetrl.main` that say how to start the services: the engine, and the
-    --inference-args / --trainer-args strings split as a shell would."""
+    """The keyword arguments for `fleetrl.main` that say how to start the services: the engine, the
+    --inference-args / --trainer-args strings split as a shell would, and resume / overwrite."""
     return {
         "engine": args.engine,
         "inference_args": shlex.split(args.inference_args),
         "trainer_args": shlex.split(args.trainer_args),
+        "resume": args.resume,
+        "overwrite": args.overwrite,
     }

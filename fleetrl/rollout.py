@@ -63,8 +63,9 @@ def _check_int_list(name: str, values: Any) -> None:
             raise InvalidSampleError(name, f"position {i} is {v!r}, not an int")
 
 
-def validate_sample(sample: RolloutSample) -> None:
-    """Raise `InvalidSampleError` if `sample` breaks the rollout contract."""
+def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> None:
+    """Raise `InvalidSampleError` if `sample` breaks the rollout contract; with `vocab_size` (the model's
+    embedding rows), a token id at or above it is refused too (it would fail the trainer's embedding lookup)."""
     if not isinstance(sample, RolloutSample):
         raise InvalidSampleError("<type>", f"expected RolloutSample, got {type(sample).__name__}")
     _check_int_list("tokens", sample.tokens)
@@ -84,6 +85,13 @@ def validate_sample(sample: RolloutSample) -> None:
     bad_tok = next((i for i, t in enumerate(sample.tokens) if t < 0), None)
     if bad_tok is not None:
         raise InvalidSampleError("tokens", f"negative token id {sample.tokens[bad_tok]} at {bad_tok}")
+    if vocab_size is not None:
+        bad_tok = next((i for i, t in enumerate(sample.tokens) if t >= vocab_size), None)
+        if bad_tok is not None:
+            token = sample.tokens[bad_tok]
+            raise InvalidSampleError(
+                "tokens", f"token id {token} at {bad_tok} is >= the model's vocabulary size {vocab_size}"
+            )
     bad_mask = next((i for i, m in enumerate(sample.loss_mask) if m not in (0, 1)), None)
     if bad_mask is not None:
         raise InvalidSampleError("loss_mask", f"value {sample.loss_mask[bad_mask]} at {bad_mask}; must be 0 or 1")

@@ -6,13 +6,16 @@
 
 Auth is one shared token (argument, else env FLEETRL_AUTH_TOKEN; none = auth off). Every RPC except the
 standard health service must carry metadata `authorization: Bearer <token>`, or it is refused with
-UNAUTHENTICATED and a message saying what to send. Health checks stay open so probes need no secret.
+UNAUTHENTICATED and a message saying what to send, without its request being parsed. Health checks stay
+open so probes need no secret. A request over the server's receive cap is refused by gRPC (RESOURCE_EXHAUSTED), one
+that does not parse gets INVALID_ARGUMENT (instead of gRPC's UNKNOWN and a logged traceback).
 Every server gets the standard gRPC health service (grpc.health.v1), SERVING for "" from the start.
 """
 
 from __future__ import annotations
 
 import hmac
+import inspect
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -35,10 +38,12 @@ def resolve_auth_token(auth_token: str | None = None) -> str | None:
     return token or None
 
 
-def message_options(max_message_mb: int) -> list[tuple[str, int]]:
-    """gRPC channel/server options raising the (4 MB default) message limits to `max_message_mb`."""
+def message_options(max_message_mb: int, max_receive_mb: int | None = None) -> list[tuple[str, int]]:
+    """gRPC channel/server options setting the (4 MB default) message limits to `max_message_mb`
+    (received messages: `max_receive_mb` when given)."""
     limit = int(max_message_mb * 1024 * 1024)
-    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", limit)]
+    receive = limit if max_receive_mb is None else int(max_receive_mb * 1024 * 1024)
+    return [("grpc.max_send_message_length", limit), ("grpc.max_receive_message_length", receive)]
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):
@@ -70,14 +75,35 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         return _refusing_handler(handler, message)
 
 
+class ParseInterceptor(grpc.aio.ServerInterceptor):
+    """Parse unary requests in the handler, so a request that does not parse is answered INVALID_ARGUMENT."""
+
+    async def intercept_service(self, continuation, handler_call_details):  # type: ignore[override]
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+        parse, behavior = handler.request_deserializer, handler.unary_unary
+        if parse is None or behavior is None:
+            return handler
+        method = handler_call_details.method
+
+        async def parse_then_call(request: bytes, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                message = parse(request)
+            except Exception as exc:  # DecodeError, or anything a hostile payload makes the parser raise
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{method}: the request does not parse: {exc}")
+            result = behavior(message, context)
+            return await result if inspect.isawaitable(result) else result
+
+        return grpc.unary_unary_rpc_method_handler(parse_then_call, response_serializer=handler.response_serializer)
+
+
 def _refusing_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    # No request deserializer: the refused request stays raw bytes, an unauthenticated caller gets nothing parsed.
+    kwargs = {"response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
     if handler.request_streaming:
@@ -94,18 +120,22 @@ def create_grpc_server(
     port: int = 0,
     auth_token: str | None = None,
     max_message_mb: int = DEFAULT_MAX_MESSAGE_MB,
+    max_receive_mb: int | None = None,
     health: HealthServicer | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """An (unstarted) grpc.aio server bound to host:port (0 = pick) with health + optional auth.
 
     registrars: callables that add servicers, e.g. `lambda s: add_XServicer_to_server(x, s)`.
+    max_message_mb caps messages both ways; max_receive_mb (default: the same) caps requests, for a
+    server whose requests are small (the controller) while its replies may be large.
     health: pass your own grpc_health aio HealthServicer to set per-service statuses later; the
     default one reports SERVING for "" (the whole server). Returns (server, bound_port).
     """
     token = resolve_auth_token(auth_token)
-    interceptors = [AuthInterceptor(token)] if token else []
+    # Auth first: a refused request is never parsed.
+    interceptors = [AuthInterceptor(token), ParseInterceptor()] if token else [ParseInterceptor()]
     # so_reuseport=0: a port already in use must be an error, not silently shared.
-    options = [*message_options(max_message_mb), ("grpc.so_reuseport", 0)]
+    options = [*message_options(max_message_mb, max_receive_mb), ("grpc.so_reuseport", 0)]
     server = grpc.aio.server(interceptors=interceptors, options=options)
     health_pb2_grpc.add_HealthServicer_to_server(health or HealthServicer(), server)
     for register in registrars:

@@ -1,12 +1,13 @@
 """Per-step metrics for `log_path/metrics.jsonl`: rewards, sample metrics, turn lengths and version offsets.
 
 Names follow the Fireworks cookbook / Tinker conventions: `reward/mean`, `env/all/<metric>`,
-`ac_tokens_per_turn`, `async/version_offset_mean|max`. Pure: the caller adds the trainer's and timing figures.
+`ac_tokens_per_turn`, `async/version_offset_mean|max|min`. Pure: the caller adds the trainer's and timing figures.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -23,16 +24,27 @@ def assistant_turns(loss_mask: Sequence[int]) -> int:
     return turns
 
 
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and population std that cannot overflow for finite inputs (huge rewards are scaled down first); a
+    std beyond the float range saturates at the largest float."""
+    scale = max(abs(v) for v in values)
+    if scale == 0.0:
+        return 0.0, 0.0
+    unit = [v / scale for v in values]
+    mean_unit = math.fsum(unit) / len(unit)
+    std_unit = math.sqrt(math.fsum((u - mean_unit) ** 2 for u in unit) / len(unit))
+    return mean_unit * scale, min(std_unit * scale, sys.float_info.max)
+
+
 def sample_metrics(samples: Sequence[RolloutSample], version_offsets: Sequence[int] = ()) -> dict[str, float]:
     """Reward statistics, `env/all/*` means, tokens per assistant turn and version offsets for one step."""
     if not samples:
         return {}
     rewards = [s.reward for s in samples]
-    mean = sum(rewards) / len(rewards)
-    var = sum((r - mean) ** 2 for r in rewards) / len(rewards)
+    mean, std = _mean_std(rewards)
     out: dict[str, float] = {
         "reward/mean": mean,
-        "reward/std": math.sqrt(var),
+        "reward/std": std,
         "reward/min": min(rewards),
         "reward/max": max(rewards),
     }
@@ -50,4 +62,5 @@ def sample_metrics(samples: Sequence[RolloutSample], version_offsets: Sequence[i
     if version_offsets:
         out["async/version_offset_mean"] = sum(version_offsets) / len(version_offsets)
         out["async/version_offset_max"] = float(max(version_offsets))
+        out["async/version_offset_min"] = float(min(version_offsets))
     return out

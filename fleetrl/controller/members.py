@@ -23,6 +23,7 @@ class Member:
     version: int = 0
     fenced: bool = False
     fence_reason: str = ""
+    missed_polls: int = 0  # Status polls in a row it did not answer (a hung or stopped process)
 
     def alive(self, now: float, timeout_s: float) -> bool:
         return now - self.last_seen <= timeout_s
@@ -70,6 +71,16 @@ class MemberRegistry:
         """A weight push to this replica succeeded: it serves `version` and is routable again."""
         member = self.members[member_id]
         member.version, member.fenced, member.fence_reason = version, False, ""
+
+    def missed_poll(self, member_id: str) -> int:
+        """The member did not answer a Status poll; returns how many in a row."""
+        member = self.members[member_id]
+        member.missed_polls += 1
+        return member.missed_polls
+
+    def answered_poll(self, member_id: str, now: float) -> None:
+        member = self.members[member_id]
+        member.missed_polls, member.last_seen = 0, now
 
     def remove(self, member_id: str) -> None:
         self.members.pop(member_id, None)

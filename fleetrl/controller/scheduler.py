@@ -5,7 +5,11 @@ holds it under a lease until it reports accepted (its group went to the trainer)
 few samples) or failed. Accepted groups fill steps of P groups in arrival order. Step k trains against version
 k-1; a group whose oldest token is more than O versions behind that is stale: with `stale_policy="requeue"` it is
 not trained and its row is leased again. An expired lease (a dead or hung gateway) requeues the row: nothing is
-lost, and the trainer deduplicates by row id, so nothing is trained twice.
+lost. Each lease of a row is an attempt (1, 2, ...), and a group's identity is (row id, attempt): a gateway sends
+its group before reporting it, so the trainer may hold a group the controller then refuses (stale) or stops waiting
+for (expired, failed). Such attempts are *superseded*: the next step tells the trainer to evict them, and a step
+names the exact attempt it trains, so only the attempt the controller accepted is ever trained, and a row at most
+once.
 
 All methods take `now` (seconds) from the caller, so the logic is testable without clocks or sockets.
 """
@@ -48,15 +52,23 @@ class Lease:
 
 @dataclass(frozen=True)
 class StepAssignment:
-    """Step `step` trains these rows (row_id, submit_version) against version `step - 1`."""
+    """Step `step` trains these rows (row_id, submit_version), each the attempt in `attempts`, against version
+    `step - 1`."""
 
     step: int
     rows: tuple[tuple[int, int], ...]
     version_offsets: tuple[int, ...]
+    attempts: tuple[int, ...] = ()
 
     @property
     def row_ids(self) -> tuple[int, ...]:
         return tuple(r for r, _ in self.rows)
+
+    @property
+    def groups(self) -> tuple[tuple[int, int], ...]:
+        """(row_id, attempt) of each group the step trains (attempt 0 = unknown)."""
+        attempts = self.attempts or (0,) * len(self.rows)
+        return tuple((r, a) for (r, _), a in zip(self.rows, attempts, strict=True))
 
 
 class RowScheduler:
@@ -85,7 +97,8 @@ class RowScheduler:
         self.leases: dict[int, Lease] = {}
         self.queue: deque[int] = deque()  # row ids waiting to be leased again
         self.attempts: dict[int, int] = {}
-        self.pending: list[tuple[int, int, int]] = []  # accepted groups: (row_id, submit_version, offset)
+        self.pending: list[tuple[int, int, int, int]] = []  # accepted: (row_id, submit_version, offset, attempt)
+        self.superseded: list[tuple[int, int]] = []  # (row_id, attempt) never to be trained; see take_superseded
         self.ready: deque[StepAssignment] = deque()
         self.next_step = gate.version + 1  # the step the next full set of groups becomes
         self.trained_steps = gate.version
@@ -138,7 +151,8 @@ class RowScheduler:
 
     def _requeue_leases(self, expired: list[int]) -> list[int]:
         for row_id in expired:
-            del self.leases[row_id]
+            lease = self.leases.pop(row_id)
+            self.superseded.append((row_id, lease.attempt))
             self.gate.resolve(row_id, accepted=False)
             self.queue.append(row_id)
             self.counters["rows_requeued_expired"] += 1
@@ -148,11 +162,23 @@ class RowScheduler:
 
     # --- outcomes --------------------------------------------------------------------------------
     def report(
-        self, row_id: int, outcome: Outcome, now: float, gateway_id: str | None = None, min_version: int | None = None
+        self,
+        row_id: int,
+        outcome: Outcome,
+        now: float,
+        gateway_id: str | None = None,
+        min_version: int | None = None,
+        attempt: int | None = None,
     ) -> str:
-        """Record a row's outcome. Returns what happened: accepted, stale, rejected, retry, failed, late."""
+        """Record a row's outcome. Returns what happened: accepted, stale, rejected, retry, failed, late.
+
+        A report for another holder or another attempt than the current lease's is late and changes nothing."""
         lease = self.leases.get(row_id)
-        if lease is None or (gateway_id is not None and lease.gateway_id != gateway_id):
+        if (
+            lease is None
+            or (gateway_id is not None and lease.gateway_id != gateway_id)
+            or (attempt and attempt != lease.attempt)
+        ):
             self.counters["late_reports"] += 1
             return "late"
         del self.leases[row_id]
@@ -165,6 +191,7 @@ class RowScheduler:
             result = "rejected"
         elif outcome == "failed":
             self.gate.resolve(row_id, accepted=False)
+            self.superseded.append((row_id, lease.attempt))  # a send that timed out may still be delivered
             if lease.attempt < self.max_attempts:
                 self.queue.append(row_id)
                 self.counters["rows_requeued_failed"] += 1
@@ -186,6 +213,7 @@ class RowScheduler:
         offset = (step - 1) - oldest
         if offset > self.max_offpolicy and self.stale_policy == "requeue":
             self.gate.resolve(lease.row_id, accepted=False)
+            self.superseded.append((lease.row_id, lease.attempt))  # its group is at the trainer already
             if lease.attempt >= self.max_attempts:
                 # Stale on every attempt: its tokens keep reporting an old version (a rollout that does not pass
                 # the sampler's versions through, or a replica that never catches up). Requeuing forever would
@@ -208,7 +236,7 @@ class RowScheduler:
             return "stale"
         self.gate.resolve(lease.row_id, accepted=True)
         self.counters["rows_accepted"] += 1
-        self.pending.append((lease.row_id, lease.submit_version, offset))
+        self.pending.append((lease.row_id, lease.submit_version, offset, lease.attempt))
         self._journal_row(lease.row_id, "accepted", lease.submit_version)
         self._form_steps()
         return "accepted"
@@ -218,9 +246,11 @@ class RowScheduler:
             take, self.pending = self.pending[: self.groups_per_step], self.pending[self.groups_per_step :]
             step = self.next_step
             self.next_step += 1
-            assignment = StepAssignment(step, tuple((r, v) for r, v, _ in take), tuple(o for _, _, o in take))
+            assignment = StepAssignment(
+                step, tuple((r, v) for r, v, _, _ in take), tuple(o for _, _, o, _ in take), tuple(a for *_, a in take)
+            )
             self.ready.append(assignment)
-            for row_id, version, _ in take:
+            for row_id, version, _, _ in take:
                 self._journal_row(row_id, "assigned", version, step=step)
             self._journal_state()
 
@@ -231,6 +261,11 @@ class RowScheduler:
             self._form_steps(final=True)
             self._commit()
         return self.ready.popleft() if self.ready else None
+
+    def take_superseded(self) -> list[tuple[int, int]]:
+        """The (row_id, attempt) groups superseded since the last call: the trainer evicts them."""
+        out, self.superseded = self.superseded, []
+        return out
 
     def step_trained(self, assignment: StepAssignment) -> None:
         """The trainer finished this step: its rows are trained (once)."""
@@ -339,17 +374,23 @@ class RowScheduler:
                 f"{self.trained_steps} trained steps: the checkpoint belongs to another run (clear its "
                 "checkpoint_dir, or resume the run it came from)"
             )
-        requeued, counted = [], []
+        requeued, counted, lost_steps = [], [], []
         for row_id, info in self.journal.rows().items():
             step, status = int(info["step"]), info["status"]
             if status == "trained" and step > trainer_version:
-                self.queue.appendleft(row_id)
                 self._journal_row(row_id, "queued", int(info["submit_version"]))
                 requeued.append(row_id)
+                lost_steps.append((step, row_id))
+            elif status == "queued" and step > trainer_version:
+                self.queue.remove(row_id)
+                lost_steps.append((step, row_id))
             elif status == "queued" and 0 < step <= trainer_version:
                 self.queue.remove(row_id)
                 self._journal_row(row_id, "trained", int(info["submit_version"]), step=step, trained=1)
                 counted.append(row_id)
+        # The rows of the steps the trainer lost come back first, step by step (in row order within a step), so
+        # the resumed run forms the same steps again: resuming gives the weights an uninterrupted run gives.
+        self.queue.extendleft(row_id for _, row_id in sorted(lost_steps, reverse=True))
         self.gate = self.gate_factory(trainer_version)
         self.trained_steps = trainer_version
         self.next_step = trainer_version + 1

@@ -47,6 +47,8 @@ def assemble_group(
     dynamic_filter: DynamicFilter | None = None,
     source: str = "",
     max_seq_len: int | None = None,
+    attempt: int = 0,
+    vocab_size: int | None = None,
 ) -> AssembledGroup:
     candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
@@ -65,7 +67,7 @@ def assemble_group(
             )
         else:
             candidates.append(result)
-    group = split_valid(RolloutGroup(row_id, submit_version, candidates, source=source))
+    group = split_valid(RolloutGroup(row_id, submit_version, candidates, source=source, attempt=attempt), vocab_size)
     for bad in group.dropped:
         dropped["invalid"] += 1
         log.warning("dropped an invalid sample: %s", bad.message)

@@ -14,7 +14,7 @@ Pure logic: no sockets, no process groups.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -40,18 +40,42 @@ class StepBatch:
 
 
 def build_step_batch(
-    groups: Sequence[RolloutGroup], *, advantage_mode: str = "standardize", train_version: int = 0
+    groups: Sequence[RolloutGroup],
+    *,
+    advantage_mode: str = "standardize",
+    train_version: int = 0,
+    max_offpolicy: int | None = None,
+    vocab_size: int | None = None,
 ) -> StepBatch:
     """Advantages per group and the step's data statistics.
 
     train_version: the policy version this step trains against (the version offset of a sample is
     train_version minus the oldest version that generated one of its trainable tokens).
+    max_offpolicy: when set (stale_policy "requeue"), a sample more than this many versions behind is refused
+    and counted (`train/samples_refused_stale`) before advantages are computed. The controller already keeps
+    stale groups out; this is defence in depth, so the bound holds for every trained sample whatever a
+    sender claims.
+    vocab_size: the model's embedding rows; a sample with a token id at or above it is refused and counted
+    (`train/samples_refused_vocab`) instead of failing the step in the embedding lookup.
     """
     samples: list[RolloutSample] = []
     advantages: list[float] = []
     row_ids: list[int] = []
     skipped: list[int] = []
+    refused = {"stale": 0, "vocab": 0}
+    kept_groups: list[RolloutGroup] = []
     for group in groups:
+        kept = group.samples
+        if vocab_size is not None:
+            kept = [s for s in kept if max(s.tokens) < vocab_size]
+            refused["vocab"] += len(group.samples) - len(kept)
+        if max_offpolicy is not None:
+            fresh = [s for s in kept if _sample_offset(s, group.submit_version, train_version) <= max_offpolicy]
+            refused["stale"] += len(kept) - len(fresh)
+            kept = fresh
+        if len(kept) != len(group.samples):
+            group = replace(group, samples=kept)
+        kept_groups.append(group)
         group_adv = group_advantages(group.rewards, mode=advantage_mode)  # type: ignore[arg-type]
         if group_adv is None:
             skipped.append(group.row_id)
@@ -60,7 +84,11 @@ def build_step_batch(
         advantages.extend(group_adv)
         row_ids.append(group.row_id)
     batch = StepBatch(samples, advantages, row_ids, skipped)
-    batch.stats = step_stats(groups, batch, train_version)
+    batch.stats = step_stats(kept_groups, batch, train_version)
+    if max_offpolicy is not None:
+        batch.stats["train/samples_refused_stale"] = float(refused["stale"])
+    if vocab_size is not None:
+        batch.stats["train/samples_refused_vocab"] = float(refused["vocab"])
     return batch
 
 

@@ -25,6 +25,8 @@ from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer.batching import Totals, chunk, part_loss_scale, split_even
 from fleetrl.trainer.model import target_logprobs
 
+REF_WAIT_TIMEOUT_S = 1800.0  # the reference client has its own deadline; this bounds the wait whatever it does
+
 
 def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -124,12 +126,17 @@ class InnerLoop:
         for rows in minibatches:
             if ref_rows is None and ref_future is not None:
                 wait_started = time.perf_counter()
-                ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref_future.result()]
+                ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref_future.result(REF_WAIT_TIMEOUT_S)]
                 self.timers["ref_wait"] = self.timers.get("ref_wait", 0.0) + time.perf_counter() - wait_started
             part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)
+            norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
+            if norm is None:
+                # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
+                # remaining minibatches are not applied, so no NaN reaches the weights or the replicas.
+                return {"skipped_nonfinite": 1.0, "optimizer_steps": float(len(grad_norms))}
             for key, value in part.items():
                 sums[key] = sums.get(key, 0.0) + value
-            grad_norms.append(self.optimizer_step())
+            grad_norms.append(norm)
         # The minibatch sums were reduced over ranks; normalise once for the whole batch.
         tokens = max(sums.pop("_tokens"), 1.0)
         metrics = {key.removeprefix("_tok/"): value / tokens for key, value in sums.items() if key.startswith("_tok/")}
@@ -203,13 +210,19 @@ class InnerLoop:
         self.timers["fwd_bwd"] = self.timers.get("fwd_bwd", 0.0) + time.perf_counter() - started
         return dict(zip(keys, reduced, strict=True))
 
-    def optimizer_step(self) -> float:
-        """Clip, step AdamW and the LR schedule, clear grads; return the pre-clip grad norm."""
+    def optimizer_step(self, finite_loss: bool = True) -> float | None:
+        """Clip, step AdamW and the LR schedule, clear grads; return the pre-clip grad norm. When the loss or the
+        gradient norm is not finite, clear the grads without stepping and return None (every rank sees the same
+        reduced loss and full norm, so every rank decides alike)."""
         started = time.perf_counter()
         max_norm = self.cfg.grad_clip_norm if self.cfg.grad_clip_norm is not None else math.inf
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         if hasattr(norm, "full_tensor"):
             norm = norm.full_tensor()
+        if not (finite_loss and math.isfinite(float(norm))):
+            self.optimizer.zero_grad(set_to_none=True)
+            self.timers["optim"] = self.timers.get("optim", 0.0) + time.perf_counter() - started
+            return None
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

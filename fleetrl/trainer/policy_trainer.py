@@ -40,7 +40,7 @@ from fleetrl.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fleetrl.trainer.inner_loop import InnerLoop
+from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop
 from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 
@@ -95,8 +95,12 @@ class PolicyTrainer:
         output_dir: str | Path | None = None,
         micro_batch_size: int | None = None,
         total_steps: int | None = None,
+        refuse_stale: bool = True,
     ) -> None:
         self.cfg = cfg
+        # With a controller (stale_policy "requeue") a sample beyond the off-policy bound is never trained; replaying
+        # recorded groups without one (standalone) trains what it is given.
+        self.refuse_stale = refuse_stale and cfg.stale_policy == "requeue"
         self.ctx = dist_ctx or fdist.DistContext()
         self.device = self.ctx.device(device)
         self.ref_logprobs_fn = ref_logprobs_fn
@@ -117,6 +121,7 @@ class PolicyTrainer:
         self.tokenizer = self._load_tokenizer()
         self.pad_id = pad_token_id(self.model, self.tokenizer)
         self.model_config = self.model.config
+        self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)  # token ids must stay below it
         if self.ctx.enabled:
             fdist.shard_model(self.model, self.device, self.ctx.world_size)
         self.optimizer = build_optimizer(self.model.parameters(), cfg)
@@ -139,6 +144,8 @@ class PolicyTrainer:
         self.last_publish: PublishInfo | None = None
         self._ref_forward_time = 0.0
         self._ref_pool = ThreadPoolExecutor(1, thread_name_prefix="fleetrl-ref") if ref_logprobs_fn else None
+        self.steps_skipped_nonfinite = 0
+        self._nonfinite_in_a_row = 0
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -199,12 +206,37 @@ class PolicyTrainer:
                 fresh.append(g)
         if duplicate:
             logger.warning("step %d: rows %s already trained; skipped", step, duplicate)
-        batch = build_step_batch(fresh, advantage_mode=self.cfg.advantage_mode, train_version=self.version)
+        # Groups arrive in whatever order the gateways finished them; in row order the same rows make the same
+        # batch (micro-batches, padding, summation order), so a rerun or a resumed run computes the same update.
+        fresh.sort(key=lambda g: g.row_id)
+        refuse_above = self.cfg.max_head_offpolicy_versions if self.refuse_stale else None
+        batch = build_step_batch(
+            fresh,
+            advantage_mode=self.cfg.advantage_mode,
+            train_version=self.version,
+            max_offpolicy=refuse_above,
+            vocab_size=self.vocab_size,
+        )
+        if batch.stats.get("train/samples_refused_vocab"):
+            logger.warning(
+                "step %d: refused %d samples with token ids >= the vocabulary (%d)",
+                step,
+                int(batch.stats["train/samples_refused_vocab"]),
+                self.vocab_size,
+            )
+        if batch.stats.get("train/samples_refused_stale"):
+            logger.warning(
+                "step %d: refused %d samples more than %s versions behind version %d (stale_policy = requeue)",
+                step,
+                int(batch.stats["train/samples_refused_stale"]),
+                refuse_above,
+                self.version,
+            )
         batch.skipped_row_ids = duplicate + batch.skipped_row_ids
         ref_future = self._request_ref(batch)
         if self.ctx.enabled and ref_future is not None:
             # Other ranks need the reference logprobs in the broadcast, so resolve them first.
-            ref_future = _done_future(ref_future.result())
+            ref_future = _done_future(ref_future.result(REF_WAIT_TIMEOUT_S))
         header = {
             "op": "train",
             "step": step,
@@ -367,7 +399,7 @@ class PolicyTrainer:
         step = int(header["step"])
         started = time.perf_counter()
         self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
-        ref_now = ref_future.result() if (ref_future is not None and self.ctx.enabled) else None
+        ref_now = ref_future.result(REF_WAIT_TIMEOUT_S) if (ref_future is not None and self.ctx.enabled) else None
         datums, advantages, ref_rows = self._step_tensors(header, batch, ref_now)
         metrics: dict[str, float] = {}
         if datums:
@@ -377,6 +409,7 @@ class PolicyTrainer:
             except BaseException:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise
+            self._count_nonfinite(step, metrics)
         else:
             logger.warning("step %d has no trainable group: version advances without an update", step)
             metrics["empty_step"] = 1.0
@@ -424,6 +457,31 @@ class PolicyTrainer:
                 train_time,
             )
         return result
+
+    def _count_nonfinite(self, step: int, metrics: dict[str, float]) -> None:
+        """A step whose loss or gradient was not finite was skipped (nothing applied); too many in a row fail."""
+        skipped = metrics.pop("skipped_nonfinite", 0.0)
+        metrics["train/step_skipped_nonfinite"] = float(bool(skipped))
+        if not skipped:
+            self._nonfinite_in_a_row = 0
+        else:
+            self.steps_skipped_nonfinite += 1
+            self._nonfinite_in_a_row += 1
+            limit = self.cfg.max_nonfinite_steps
+            if self.ctx.is_main:
+                logger.warning(
+                    "step %d: the loss or gradient is not finite; the update is skipped (%d in a row, limit %d)",
+                    step,
+                    self._nonfinite_in_a_row,
+                    limit,
+                )
+            if self._nonfinite_in_a_row >= limit:
+                raise StepError(
+                    f"{self._nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (up to step {step}; "
+                    f"max_nonfinite_steps = {limit}): check the rewards (huge values?), the learning rate and the "
+                    "samples' logprobs"
+                )
+        metrics["train/steps_skipped_nonfinite"] = float(self.steps_skipped_nonfinite)
 
     # -- publish, checkpoint, export, resume (every rank) ------------------------------------
 

@@ -11,7 +11,8 @@ from fleetrl.config import ConfigError, read_config_file
 
 
 class UpConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     rollout: str = Field(..., description="Rollout factory: 'module:make_rollout_fn' or 'path/file.py:attr'.")
     dynamic_filter: str | None = Field(None, description="'uniform' (drop equal-reward groups) or 'module:fn'.")
@@ -27,6 +28,12 @@ class UpConfig(BaseModel):
     )
     auth_token: str | None = Field(None, description="Shared token for every service; None = $FLEETRL_AUTH_TOKEN.")
     startup_timeout_s: float = Field(600.0, gt=0, description="Each service must be ready within this.")
+    stop_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="At a stop (Ctrl-C, SIGTERM, the end, a crash): how long the controller (finishing its step in "
+        "flight) and then the trainer (checkpointing it) each get before they are killed.",
+    )
     inference_args: list[str] = Field(default_factory=list, description="Extra flags for each inference replica.")
     trainer_args: list[str] = Field(default_factory=list, description="Extra flags for the trainer.")
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
@@ -71,11 +78,16 @@ class UpConfig(BaseModel):
     def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> UpConfig:
         data = dict(read_config_file(path).get("up", {}))
         data.update(overrides or {})
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> UpConfig:
+        """Validate; a ConfigError names each bad `up.<field>`."""
         try:
             return cls(**data)
         except ValidationError as exc:
             lines = [f"{'.'.join(['up', *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors()]
-            raise ConfigError(f"{path}: invalid [up] table: " + "; ".join(lines)) from None
+            raise ConfigError(f"{source}: invalid [up] table: " + "; ".join(lines)) from None
 
 
 def _gpu_list(ids: list[int]) -> str:

@@ -5,8 +5,11 @@
         main(Config(base_model="./tiny", ...), rollout_fn_factory=make_rollout_fn, rows=rows)
 
 The factory must be importable by the gateways (a module-level function, in a module or in the script itself);
-rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run, and
-`resume=True` to continue a stopped one.
+rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run,
+`resume=True` to continue a stopped one (`restart_weights=True` as `fleetrl up --resume --restart-weights`), and
+`overwrite=True` to start over in a log_path that holds a run (without it, such a log_path is refused). Returns the
+exit code: 0, 1 when the run failed (a run that trains nothing fails, saying why), 2 for a bad config or log_path,
+130 when stopped by Ctrl-C or SIGTERM (the trainer checkpoints the last step: `resume=True` continues).
 """
 
 from __future__ import annotations
@@ -53,12 +56,23 @@ def main(
     *,
     dynamic_filter_fn: Any = None,
     resume: bool = False,
+    restart_weights: bool = False,
+    overwrite: bool = False,
     **up_options: Any,
 ) -> int:
     """Run the whole training with every service as a local process; returns the exit code (0 = success).
-    `resume=True` continues the run in `cfg.log_path` (as `fleetrl up --resume`)."""
-    from fleetrl.up.run import launch
+    `resume=True` continues the run in `cfg.log_path` (as `fleetrl up --resume`); `overwrite=True` deletes a run
+    found there first (as `fleetrl up --overwrite`)."""
+    from fleetrl.up.log_dir import LogDirError
+    from fleetrl.up.run import check_log_dir, launch
 
+    up_data: dict[str, Any] = {"rollout": factory_spec(rollout_fn_factory), **up_options}
+    try:
+        # Before anything is written: a refused log_path keeps the rows and config of the run it holds.
+        check_log_dir(cfg, UpConfig.from_dict(up_data, "fleetrl.main"), resume=resume, overwrite=overwrite)
+    except LogDirError as exc:
+        print(f"fleetrl.main: {exc}", file=sys.stderr)
+        return 2
     log_dir = Path(cfg.log_path)
     log_dir.mkdir(parents=True, exist_ok=True)
     run_data = cfg.model_dump(mode="json", exclude_none=False)
@@ -68,7 +82,6 @@ def main(
             for row in rows:
                 fh.write(json.dumps(row) + "\n")
         run_data["dataset"] = str(rows_path)
-    up_data: dict[str, Any] = {"rollout": factory_spec(rollout_fn_factory), **up_options}
     if dynamic_filter_fn is not None:
         up_data["dynamic_filter"] = (
             dynamic_filter_fn if isinstance(dynamic_filter_fn, str) else factory_spec(dynamic_filter_fn)
@@ -77,4 +90,4 @@ def main(
     config_path.write_text(json.dumps({"run": run_data, "up": up_data}, indent=2))
     run = Config.from_toml(config_path)
     up = UpConfig.from_file(config_path)
-    return launch(config_path, [], run, up, resume=resume)
+    return launch(config_path, [], run, up, resume=resume, restart_weights=restart_weights)

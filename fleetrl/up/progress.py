@@ -11,18 +11,26 @@ from typing import Any
 
 class Progress:
     def __init__(self, metrics_path: Path, max_steps: int | None, stream: Any = None, from_end: bool = False) -> None:
-        """`from_end`: show only lines appended from now on (a resumed run appends to the file)."""
+        """`from_end`: show only lines written from now on. A resumed run's controller first cuts the record back to
+        the resumed version (the file is replaced, so reading starts over, skipping lines older than this), then
+        appends."""
         self.path = metrics_path
         self.max_steps = max_steps
         self.stream = stream or sys.stdout
+        self.since = time.time() if from_end else None
         self.offset = metrics_path.stat().st_size if from_end and metrics_path.exists() else 0
+        self.inode = metrics_path.stat().st_ino if metrics_path.exists() else None
         self.start = time.monotonic()
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.last: dict[str, Any] = {}
 
     def update(self, final: bool = False) -> None:
-        if not self.path.exists():
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
             return
+        if stat.st_ino != self.inode or stat.st_size < self.offset:  # replaced (cut back at a resume): start over
+            self.inode, self.offset = stat.st_ino, 0
         with open(self.path, encoding="utf-8") as fh:
             fh.seek(self.offset)
             chunk = fh.read()
@@ -31,8 +39,11 @@ class Progress:
             return
         self.offset += len(complete) + 1
         for line in complete.splitlines():
-            self.last = json.loads(line)
-            self._show(self.last)
+            record = json.loads(line)
+            if self.since is not None and record.get("time", self.since) < self.since:
+                continue  # a line of the run before this resume
+            self.last = record
+            self._show(record)
         if final and self.tty:
             self.stream.write("\n")
 

@@ -1,11 +1,19 @@
 """`fleetrl up run.toml`: start controller, inference replicas, reference (when kl_beta > 0), trainer and gateways
 as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
 
-    fleetrl up examples/arithmetic/run.toml [--set key=value ...] [--resume]
+    fleetrl up examples/arithmetic/run.toml [--set key=value ...] [--resume [--restart-weights] | --overwrite]
 
 `--resume` continues the run in `log_path` after a crash or a stop: the controller from its SQLite journal, the
-trainer from its last checkpoint (every `dcp_save_interval` steps), the replicas from the weights the trainer
-publishes at that version; metrics.jsonl is appended to.
+trainer from its last checkpoint (every `dcp_save_interval` steps, and at every stop: Ctrl-C saves the last
+trained step), the replicas from the weights the trainer publishes at that version; metrics.jsonl keeps one line
+per step (the lines of steps after the checkpoint are replaced by the retrained ones). A resume whose trainer has
+no checkpoint fails unless `--restart-weights` allows training the journal's rows again from the base model. A
+log_path that holds a run is never reused without `--resume`, or `--overwrite` (which deletes it first).
+
+Ctrl-C or SIGTERM stops the services one kind at a time: gateways, then the controller (it finishes the step in
+flight), then the trainer (it checkpoints the last step), then reference and replicas; a second Ctrl-C stops at
+once. A run that trains nothing fails with the reason (e.g. every prompt longer than max_seq_len) and exports
+nothing.
 
 Each child's log is `<log_path>/<service>.log`. A crashed service stops the run with its log tail and a non-zero
 exit; a crashed gateway is replaced (unless its circuit breaker opened: the rollout function is broken).
@@ -24,6 +32,7 @@ from typing import Any
 from fleetrl.config import Config, ConfigError, parse_override
 from fleetrl.up.config import UpConfig
 from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
+from fleetrl.up.log_dir import LogDirError, prepare_log_dir
 from fleetrl.up.progress import Progress
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
 
@@ -38,11 +47,49 @@ def user_spec(spec: str, config_dir: Path) -> str:
     return f"{module}:{attr}"
 
 
-def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume: bool = False) -> int:
+def _flag_value(args: list[str], flag: str) -> str | None:
+    """The value of `flag` in an argv list (`--flag V` or `--flag=V`), the last one winning."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> None:
+    """`log_path` may hold this run: resume it, or refuse to start over without --overwrite (then delete it).
+    Raises LogDirError; a run that only attaches gateways to a running controller is not checked."""
+    if up.controller_address is not None:
+        return
+    log_dir = Path(run.log_path)
+    checkpoint_dir = _flag_value(up.trainer_args, "--checkpoint-dir") or log_dir / "checkpoints"
+    output_dir = _flag_value(up.trainer_args, "--output-dir") or run.output_dir or log_dir / "final"
+    journal = _flag_value(up.controller_args, "--journal")
+    removed = prepare_log_dir(
+        log_dir,
+        resume=resume,
+        overwrite=overwrite,
+        checkpoint_dir=Path(checkpoint_dir),
+        output_dir=Path(output_dir),
+        journal=Path(journal) if journal else None,
+    )
+    if overwrite and removed:
+        print(f"fleetrl up: --overwrite: deleted {', '.join(str(p) for p in removed)}", file=sys.stderr)
+
+
+def launch(
+    config_path: Path,
+    sets: list[str],
+    run: Config,
+    up: UpConfig,
+    resume: bool = False,
+    restart_weights: bool = False,
+) -> int:
+    """Start every service and watch the run; `log_path` must have been checked (`check_log_dir`)."""
     log_dir = Path(run.log_path)
     metrics_path = log_dir / "metrics.jsonl"
-    if not resume:
-        metrics_path.unlink(missing_ok=True)
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(config_path.parent.resolve()), os.environ.get("PYTHONPATH")]))
     }
@@ -59,8 +106,12 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
         stop_requested.append(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    controller_flags = ["--resume", *(["--restart-weights"] if restart_weights else [])] if resume else []
     try:
-        controller = _start_stack(sup, common, run, up, resume, threads) if up.controller_address is None else None
+        if up.controller_address is None:
+            controller = _start_stack(sup, common, run, up, resume, controller_flags, threads)
+        else:
+            controller = None
         controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
         gateway_argv = [
             *common,
@@ -89,9 +140,16 @@ def launch(config_path: Path, sets: list[str], run: Config, up: UpConfig, resume
         )
         return 1
     finally:
-        sup.stop_all()
         for sig, handler in previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler)  # from here a second Ctrl-C stops at once
+        patient = {"controller": up.stop_timeout_s, "trainer": up.stop_timeout_s}
+        sup.stop_all(patient=patient)
+        if stop_requested and controller_started(sup):
+            print(f"fleetrl up: stopped; `fleetrl up {config_path} --resume` continues the run", file=sys.stderr)
+
+
+def controller_started(sup: Supervisor) -> bool:
+    return any(c.kind == "controller" for c in sup.children)
 
 
 def _pick_ports(*names: str) -> list[str]:
@@ -113,7 +171,13 @@ def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
 
 
 def _start_stack(
-    sup: Supervisor, common: list[str], run: Config, up: UpConfig, resume: bool, threads: ThreadPlan | None
+    sup: Supervisor,
+    common: list[str],
+    run: Config,
+    up: UpConfig,
+    resume: bool,
+    controller_flags: list[str],
+    threads: ThreadPlan | None,
 ) -> Child:
     t = up.startup_timeout_s
 
@@ -141,7 +205,7 @@ def _start_stack(
     trainer_address = _address(sup.wait_ready(trainer, t))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
-    controller_args += resume_flag
+    controller_args += controller_flags
     if up.evaluation:
         controller_args.append("--evaluation")
     controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
@@ -163,7 +227,11 @@ def _watch(
     while True:
         progress.update()
         if stop_requested:
-            print(f"\nfleetrl up: signal {stop_requested[0]}: stopping every service", file=sys.stderr)
+            print(
+                f"\nfleetrl up: signal {stop_requested[0]}: stopping every service (the controller finishes its step, "
+                "the trainer checkpoints it; signal again to stop at once)",
+                file=sys.stderr,
+            )
             return 130
         for child in sup.children:
             code = child.poll()
@@ -188,13 +256,25 @@ def _watch(
         if controller is not None and (code := controller.poll()) is not None:
             progress.update(final=True)
             if code != 0:
-                raise ServiceFailed(controller, f"controller exited with code {code}")
+                reason = run_failure(controller.log_path)
+                raise ServiceFailed(
+                    controller, f"the run failed: {reason}" if reason else f"controller exited with code {code}"
+                )
             _wait_gateways(gateways)
             print(f"fleetrl up: run finished; metrics in {metrics_path}")
             return 0
         if controller is None and all(g.poll() is not None for g in gateways):
             return 0 if all(g.poll() == 0 for g in gateways) else 1
         time.sleep(0.25)
+
+
+def run_failure(controller_log: Path) -> str | None:
+    """The reason the controller logged for a failed run (its last 'run failed: ' line), or None."""
+    marker = "run failed: "
+    for line in reversed(log_tail(controller_log, 200).splitlines()):
+        if marker in line:
+            return line.split(marker, 1)[1].removeprefix("RunFailed: ")
+    return None
 
 
 def _wait_gateways(gateways: list[Child], timeout_s: float = 15.0) -> None:
@@ -210,9 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run in log_path: controller journal, the trainer's last checkpoint, metrics appended",
+        help="continue the run in log_path: controller journal, the trainer's last checkpoint, one line per step",
+    )
+    parser.add_argument(
+        "--restart-weights",
+        action="store_true",
+        help="with --resume: if the trainer has no checkpoint, train the journal's rows again from the base model",
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in a log_path that holds a run: delete its journal, metrics, checkpoints, export and logs",
     )
     args = parser.parse_args(argv)
+    if args.restart_weights and not args.resume:
+        parser.error("--restart-weights goes with --resume")
     try:
         run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
         up = UpConfig.from_file(args.config)
@@ -220,7 +312,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("run.base_model: the model to train is required")
         if up.evaluation and not run.eval_dataset:
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
-    except ConfigError as exc:
+        check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
+    except (ConfigError, LogDirError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2
-    return launch(args.config, args.set, run, up, resume=args.resume)
+    try:
+        return launch(args.config, args.set, run, up, resume=args.resume, restart_weights=args.restart_weights)
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping: the children get SIGTERM as fleetrl up exits
+        print("fleetrl up: stopped at once", file=sys.stderr)
+        return 130

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,20 +105,26 @@ class Supervisor:
             raise ServiceFailed(child, f"{child.name} did not become ready: {exc}") from None
         return child.info
 
-    def stop_all(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every live child (newest first), SIGKILL what is left after `grace_s`."""
-        live = [c for c in reversed(self.children) if c.poll() is None]
-        for child in live:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        for child in live:
-            try:
-                child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+    def stop_all(self, grace_s: float = 10.0, patient: Mapping[str, float] | None = None) -> None:
+        """Stop every live child one kind at a time, newest kind first (gateways, controller, trainer, reference,
+        inference): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]` for kinds that need longer. So the
+        controller finishes its step in flight while the trainer and replicas still serve, and the trainer
+        checkpoints that step while the reference still answers."""
+        kinds = list(dict.fromkeys(c.kind for c in reversed(self.children)))
+        for kind in kinds:
+            live = [c for c in reversed(self.children) if c.kind == kind and c.poll() is None]
+            for child in live:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-                child.process.wait(timeout=10)
+                    os.killpg(child.pid, signal.SIGTERM)
+            deadline = time.monotonic() + (patient or {}).get(kind, grace_s)
+            for child in live:
+                try:
+                    child.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    print(f"fleetrl up: {child.name} did not stop in time: killing it", file=sys.stderr)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    child.process.wait(timeout=10)
 
 
 class ServiceFailed(RuntimeError):

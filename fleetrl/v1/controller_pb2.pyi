@@ -116,7 +116,7 @@ class LeaseRowsResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class RowReport(_message.Message):
-    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples")
+    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt")
     class SamplesDroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,13 +130,15 @@ class RowReport(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     outcome: RowOutcome
     min_version: int
     reason: str
     samples_dropped: _containers.ScalarMap[str, int]
     samples: int
-    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ...) -> None: ...
+    attempt: int
+    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class ReportRowsRequest(_message.Message):
     __slots__ = ("gateway_id", "reports")

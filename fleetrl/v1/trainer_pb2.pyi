@@ -2,21 +2,33 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class GroupRef(_message.Message):
+    __slots__ = ("row_id", "attempt")
+    ROW_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    row_id: int
+    attempt: int
+    def __init__(self, row_id: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+
 class TrainStepRequest(_message.Message):
-    __slots__ = ("step", "row_ids", "data_position", "wait_timeout_s")
+    __slots__ = ("step", "row_ids", "data_position", "wait_timeout_s", "groups", "superseded")
     STEP_FIELD_NUMBER: _ClassVar[int]
     ROW_IDS_FIELD_NUMBER: _ClassVar[int]
     DATA_POSITION_FIELD_NUMBER: _ClassVar[int]
     WAIT_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    SUPERSEDED_FIELD_NUMBER: _ClassVar[int]
     step: int
     row_ids: _containers.RepeatedScalarFieldContainer[int]
     data_position: str
     wait_timeout_s: float
-    def __init__(self, step: _Optional[int] = ..., row_ids: _Optional[_Iterable[int]] = ..., data_position: _Optional[str] = ..., wait_timeout_s: _Optional[float] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupRef]
+    superseded: _containers.RepeatedCompositeFieldContainer[GroupRef]
+    def __init__(self, step: _Optional[int] = ..., row_ids: _Optional[_Iterable[int]] = ..., data_position: _Optional[str] = ..., wait_timeout_s: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ..., superseded: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
     __slots__ = ("step", "version", "published", "weights_address", "metrics", "skipped_row_ids", "already_trained", "checkpoint_path")

@@ -134,9 +134,9 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         raise WeightTransferError(f"weight publisher at {self.address} refused the fetch: {message}", reason=reason)
 
     def _request_manifest(self, auth_token: str | None) -> tuple[Manifest, int]:
-        request = json.dumps({"version": self.version, "auth_token": auth_token}).encode()
+        request = json.dumps({"version": self.version}).encode()
         try:
-            self._socket.send_multipart([PROTOCOL, b"manifest", request])
+            self._socket.send_multipart([PROTOCOL, b"manifest", (auth_token or "").encode(), request])
         except zmq.Again:
             raise WeightTransferError(f"could not send the request for {self._where()}", reason="timeout") from None
         self._wait("the manifest")
@@ -152,9 +152,12 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
             chunk_bytes = json.loads(frames[2])["chunk_bytes"]
             if not isinstance(chunk_bytes, int) or chunk_bytes <= 0:
                 raise ValueError(f"chunk_bytes {chunk_bytes!r}")
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             raise WeightTransferError(f"bad transfer header for {self._where()}: {exc}", reason="protocol") from exc
-        manifest = decode_manifest(frames[3])
+        try:
+            manifest = decode_manifest(frames[3])
+        except RecursionError as exc:  # deeply nested JSON: as bad as any other malformed manifest
+            raise WeightTransferError(f"bad weight manifest for {self._where()}: {exc}", reason="protocol") from exc
         if manifest.version != self.version:
             raise WeightTransferError(
                 f"asked for {self._where()} but the publisher sent version {manifest.version}",

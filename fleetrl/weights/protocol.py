@@ -4,13 +4,17 @@ The publisher is a ROUTER socket, each fetch a DEALER. Nothing on the wire is pi
 errors and the manifest are JSON, tensors are their raw bytes.
 
     receiver -> publisher
-      [PROTOCOL, b"manifest", JSON {"version": int, "auth_token": str | null}]
+      [PROTOCOL, b"manifest", auth token (empty: none), JSON {"version": int}]
       [PROTOCOL, b"chunk", session_id, RANGE(tensor index, start, stop)]   (several in flight)
       [PROTOCOL, b"done", session_id]
     publisher -> receiver
       [b"manifest", session_id, JSON {"chunk_bytes": int}, manifest JSON]
       [b"chunk", the same RANGE header, raw bytes of that range]
       [b"error", JSON {"reason": str, "message": str}]
+
+The publisher compares the token frame before it parses the JSON, caps every request frame at
+``publisher.MAX_REQUEST_BYTES`` (ZMQ_MAXMSGSIZE: a bigger one disconnects the peer) and answers any
+request it cannot serve with an error reply.
 
 A manifest request opens a session that pins its version until the receiver says done (or goes
 idle), so a fetch that started finishes even if newer versions are published meanwhile. The
@@ -38,5 +42,5 @@ def parse_error(payload: bytes) -> tuple[str, str]:
     try:
         error = json.loads(payload)
         return str(error["reason"]), str(error["message"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         return "protocol", f"unreadable error reply {payload[:200]!r}"

@@ -3,6 +3,11 @@
 The trainer calls ``publish(version, state_dict)``; a background thread answers any number of
 concurrent fetches (``fleetrl.weights.fetch``) following ``fleetrl.weights.protocol``. Tensor bytes
 are sent as memoryviews of the published snapshot with ``copy=False``.
+
+Requests come from anyone who can reach the port, so none may stop the serving loop: a request frame
+over ``MAX_REQUEST_BYTES`` makes ZeroMQ disconnect its peer, the token frame is compared before any
+JSON is parsed, and whatever goes wrong with one request is answered with an error (or dropped) and
+counted in ``counts``.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from secrets import token_bytes
@@ -30,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 _POLL_MS = 100
 _MAX_SESSIONS = 1024
+MAX_REQUEST_BYTES = 64 << 10  # per frame (ZMQ_MAXMSGSIZE); requests are a few hundred bytes
+_MAX_REQUEST_FRAMES = 8  # the longest request has 4 frames (after the peer identity)
+_MAX_TOKEN_BYTES = 4096
 
 
 @dataclass
@@ -56,7 +64,8 @@ class WeightPublisher:
     its parameters) and makes it fetchable; the newest ``keep_versions`` versions stay available.
     The serving loop runs in a background thread; if it fails, the failure is logged and raised
     as WeightTransferError by the next ``publish`` or ``close``. With ``auth_token`` set, a fetch
-    without that token is refused.
+    without that token is refused. ``counts`` (``snapshot_counts()``): "requests" handled and
+    "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal).
     """
 
     def __init__(
@@ -90,6 +99,7 @@ class WeightPublisher:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._closed = False
+        self.counts: Counter[str] = Counter()  # written by the serving thread only
         self.address = ""
         self._context = zmq.Context(io_threads=1)
         self._thread = threading.Thread(target=self._serve, name="fleetrl-weight-publisher", daemon=True)
@@ -115,6 +125,10 @@ class WeightPublisher:
         """The versions a new fetch can get, oldest first."""
         with self._lock:
             return tuple(self._versions)
+
+    def snapshot_counts(self) -> dict[str, int]:
+        """A copy of the request counters."""
+        return dict(self.counts)
 
     def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Manifest:
         """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it."""
@@ -223,6 +237,7 @@ class WeightPublisher:
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a drop
+            sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
             sock.bind(self._bind)
             endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         except zmq.ZMQError as exc:
@@ -239,10 +254,10 @@ class WeightPublisher:
                     # Drain a bounded batch so that stop and expiry checks still run under load.
                     for _ in range(256):
                         try:
-                            frames = sock.recv_multipart(zmq.NOBLOCK)
+                            frames = self._receive(sock)
                         except zmq.Again:
                             break
-                        self._handle(sock, frames)
+                        self._handle_safely(sock, frames)
                 now = time.monotonic()
                 if now >= next_expiry:
                     self._expire_sessions(now)
@@ -253,6 +268,36 @@ class WeightPublisher:
         finally:
             self._sessions.clear()
             sock.close(linger=0)
+
+    @staticmethod
+    def _receive(sock: zmq.Socket) -> list[bytes]:
+        """One request's frames (peer identity first); past ``_MAX_REQUEST_FRAMES`` + 1 they are let go."""
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames = [frame.bytes]
+        while frame.more:
+            frame = sock.recv(copy=False)
+            if len(frames) <= _MAX_REQUEST_FRAMES + 1:  # the identity, the limit, one more to tell "too many"
+                frames.append(frame.bytes)
+        return frames
+
+    def _handle_safely(self, sock: zmq.Socket, frames: list[bytes]) -> None:
+        """Handle one request; nothing a peer sends may stop the loop: a failure is logged, counted, answered."""
+        try:
+            self._handle(sock, frames)
+        except zmq.ContextTerminated:
+            raise
+        except Exception as exc:
+            logger.warning("weight publisher: a request failed (%d frames): %r", len(frames), exc)
+            self._refuse(sock, frames[0], "internal", f"the request failed: {type(exc).__name__}")
+
+    def _refuse(self, sock: zmq.Socket, peer: bytes, reason: str, message: str) -> None:
+        self.counts[f"requests_refused/{reason}"] += 1
+        try:
+            self._send(sock, peer, error_frames(reason, message))
+        except zmq.ContextTerminated:
+            raise
+        except zmq.ZMQError as exc:  # an unroutable or odd peer: its reply is dropped
+            logger.warning("weight publisher: could not answer a refused request: %s", exc)
 
     def _send(self, sock: zmq.Socket, peer: bytes, frames: list[Any]) -> bool:
         try:
@@ -268,8 +313,9 @@ class WeightPublisher:
 
     def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
         peer, body = frames[0], frames[1:]
-        if len(body) < 2 or body[0] != PROTOCOL:
-            self._send(sock, peer, error_frames("protocol", f"expected {PROTOCOL!r} requests"))
+        self.counts["requests"] += 1
+        if len(body) < 2 or len(body) > _MAX_REQUEST_FRAMES or body[0] != PROTOCOL:
+            self._refuse(sock, peer, "protocol", f"expected {PROTOCOL!r} requests")
             return
         op, args = body[1], body[2:]
         if op == b"chunk":
@@ -277,39 +323,46 @@ class WeightPublisher:
         elif op == b"manifest":
             self._serve_manifest(sock, peer, args)
         elif op == b"done":
-            if args:
-                self._sessions.pop(args[0], None)
+            session = self._sessions.get(args[0]) if len(args) == 1 else None
+            if session is not None and session.peer == peer:
+                del self._sessions[args[0]]
         else:
-            self._send(sock, peer, error_frames("protocol", f"unknown request {op!r}"))
+            self._refuse(sock, peer, "protocol", f"unknown request {op[:64]!r}")
+
+    def _token_ok(self, token: bytes) -> bool:
+        if self._auth_token is None:
+            return True
+        return len(token) <= _MAX_TOKEN_BYTES and hmac.compare_digest(token, self._auth_token)
 
     def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
+        if len(args) != 2:
+            self._refuse(sock, peer, "protocol", "bad manifest request: expected [token, JSON request] frames")
+            return
+        token, request_json = args
+        if not self._token_ok(token):  # before parsing anything the peer sent
+            what = "a wrong auth token" if token else "no auth token"
+            logger.warning("weight publisher: refused a fetch with %s", what)
+            message = f"the weight publisher requires an auth token and the fetch sent {what}"
+            self._refuse(sock, peer, "auth", message)
+            return
         try:
-            request = json.loads(args[0])
+            request = json.loads(request_json)
             version = request["version"]
-            token = request.get("auth_token")
             if not isinstance(version, int) or isinstance(version, bool):
                 raise TypeError("version is not an int")
-        except (IndexError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            self._send(sock, peer, error_frames("protocol", f"bad manifest request: {exc}"))
-            return
-        if self._auth_token is not None and not (
-            isinstance(token, str) and hmac.compare_digest(token.encode(), self._auth_token)
-        ):
-            what = "no auth token" if token is None else "a wrong auth token"
-            logger.warning("weight publisher: refused a fetch of version %s with %s", version, what)
-            message = f"the weight publisher requires an auth token and the fetch sent {what}"
-            self._send(sock, peer, error_frames("auth", message))
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
+            self._refuse(sock, peer, "protocol", f"bad manifest request: {str(exc)[:200]}")
             return
         with self._lock:
             snapshot = self._versions.get(version)
             available = list(self._versions)
         if snapshot is None:
             message = f"weight version {version} is not available; the publisher has {available}"
-            self._send(sock, peer, error_frames("unknown_version", message))
+            self._refuse(sock, peer, "unknown_version", message)
             return
         if len(self._sessions) >= _MAX_SESSIONS:
             message = f"the weight publisher has {_MAX_SESSIONS} fetches open; try again later"
-            self._send(sock, peer, error_frames("busy", message))
+            self._refuse(sock, peer, "busy", message)
             return
         session_id = token_bytes(SESSION_ID_BYTES)
         self._sessions[session_id] = _Session(snapshot, peer)
@@ -319,12 +372,12 @@ class WeightPublisher:
 
     def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
         if len(args) != 2 or len(args[1]) != RANGE.size:
-            self._send(sock, peer, error_frames("protocol", "bad chunk request"))
+            self._refuse(sock, peer, "protocol", "bad chunk request")
             return
         session = self._sessions.get(args[0])
         if session is None or session.peer != peer:
             message = "unknown or expired fetch session (ask for the manifest again)"
-            self._send(sock, peer, error_frames("unknown_session", message))
+            self._refuse(sock, peer, "unknown_session", message)
             return
         tensor_index, start, stop = RANGE.unpack(args[1])
         tensors = session.snapshot.manifest.tensors
@@ -334,7 +387,7 @@ class WeightPublisher:
             and stop - start <= self.chunk_bytes
         ):
             message = f"bad chunk request: tensor {tensor_index} bytes [{start}, {stop})"
-            self._send(sock, peer, error_frames("protocol", message))
+            self._refuse(sock, peer, "protocol", message)
             return
         session.last_seen = time.monotonic()
         payload = self._chunk_payload(session.snapshot, tensor_index, start, stop)

@@ -12,7 +12,8 @@ from fleetrl.config import Config, ConfigError, build_service_config
 class ControllerConfig(BaseModel):
     """Ports: 0 picks a free one (the ready file says which)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     run: Config = Field(..., description="The run config (dataset, P, G, O, intervals, ...).")
     rows_path: str | None = Field(None, description="JSONL of rows; None = run.dataset.")
@@ -25,6 +26,11 @@ class ControllerConfig(BaseModel):
     )
     journal_path: str | None = Field(None, description="SQLite journal; None = <log_path>/controller.sqlite.")
     resume: bool = Field(False, description="Resume version, cursor and ledger from the journal.")
+    restart_weights: bool = Field(
+        False,
+        description="With resume: when the trainer has no checkpoint (version 0) but the journal has trained steps, "
+        "train them again from the base model instead of failing.",
+    )
     lease_timeout_s: float = Field(600.0, gt=0, description="A leased row not reported by then is requeued.")
     max_row_attempts: int = Field(3, ge=1, description="Failed rows are retried this many times in all.")
     heartbeat_interval_s: float = Field(2.0, gt=0, description="How often members heartbeat / are polled.")

@@ -3,7 +3,9 @@
     fleetrl serve controller --config run.toml [--rows rows.jsonl] [--trainer HOST:PORT]
         [--inference HOST:PORT ...] [--grpc-port 50051] [--metrics-port 9401] [--resume] [--set key=value ...]
 
-Exits 0 when the data (or max_steps) is used up and the trainer has exported the final model, 1 on a run error.
+Exits 0 when the data (or max_steps) is used up and the trainer has exported the final model; 1 on a run error,
+including a run that trained nothing (the message says why; nothing is exported); 130 when stopped by SIGINT or
+SIGTERM, after the step in flight.
 """
 
 from __future__ import annotations
@@ -27,6 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--inference", action="append", default=[], help="HOST:PORT of an inference replica")
     parser.add_argument("--journal", help="SQLite journal path (default <log_path>/controller.sqlite)")
     parser.add_argument("--resume", action="store_true", help="resume from the journal")
+    parser.add_argument(
+        "--restart-weights",
+        action="store_true",
+        help="with --resume: if the trainer has no checkpoint, train the journal's trained rows again from the base "
+        "model (default: fail)",
+    )
     parser.add_argument("--lease-timeout", type=float, help="seconds before an unreported row is requeued")
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds of silence before a member is dead")
     parser.add_argument("--stall-timeout", type=float, help="seconds without a reported row or a step: fail the run")
@@ -54,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 "inference_addresses": args.inference or None,
                 "journal_path": args.journal,
                 "resume": args.resume or None,
+                "restart_weights": args.restart_weights or None,
                 "lease_timeout_s": args.lease_timeout,
                 "heartbeat_timeout_s": args.heartbeat_timeout,
                 "stall_timeout_s": args.stall_timeout,

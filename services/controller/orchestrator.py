@@ -20,15 +20,24 @@ import grpc
 
 from fleetrl.config import Config
 from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
+from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
 
 
+UNRESPONSIVE_POLLS = 2  # a replica that misses this many Status polls in a row is fenced (hung, stopped)
+
+
 class RunFailed(RuntimeError):
     """The run cannot go on (trainer error, no replica, timeout); the message says which."""
+
+
+class RunStopped(RunFailed):
+    """The run was stopped by a signal after its last complete step (`--resume` continues it)."""
 
 
 class Orchestrator:
@@ -47,6 +56,7 @@ class Orchestrator:
         evaluation: bool = False,
         eval_timeout_s: float = 600.0,
         stall_timeout_s: float = 1800.0,
+        restart_weights: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.run_cfg = run
@@ -60,6 +70,8 @@ class Orchestrator:
         self.start_timeout_s = start_timeout_s
         self.clock = clock
         self.stall_timeout_s = stall_timeout_s
+        self.restart_weights = restart_weights  # resume with a trainer without checkpoint: retrain from version 0
+        self.stop_requested = False  # SIGINT/SIGTERM: stop after the step in flight (request_stop)
         self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
         self.pushed_version = 0  # the version every replica must serve: the last this process pushed (none yet)
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
@@ -71,11 +83,16 @@ class Orchestrator:
         self.eval_timeout_s = eval_timeout_s
         self.evaluate_version = -1  # the version an evaluator should evaluate now (-1: none)
         self.evaluated: dict[int, dict[str, float]] = {}
-        self.started = False  # set once the trainer and a replica answered and the group address is known
+        self.started = False  # set once the trainer and a replica answered and the start version is on the replicas
         self.hold_leases = evaluation  # no rollouts until version 0 is evaluated: the start accuracy is exact
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._last_step_end = clock()
         self._counters_at_last_step = dict(scheduler.counters)
+
+    def leasing_open(self) -> bool:
+        """Rows may be leased: the run has started (trainer and replica answered; after a resume, the resumed
+        version is on every replica), the start evaluation is done, and the run is not over."""
+        return self.started and not self.hold_leases and not self.finished and not self.stop_requested
 
     # --- channels ------------------------------------------------------------------------------
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -96,23 +113,35 @@ class Orchestrator:
 
     # --- membership polling --------------------------------------------------------------------
     async def poll_members(self) -> None:
-        """Status-poll trainer and inference members: a reply counts as their heartbeat."""
-        now = self.clock()
-        for member in list(self.members.members.values()):
-            if member.kind not in ("inference", "trainer"):
-                continue
-            try:
-                if member.kind == "inference":
-                    stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
-                    status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
-                    if status.loaded_version < self.pushed_version and not member.fenced:
-                        self.members.fence(member.member_id, f"serves version {status.loaded_version}")
-                else:
-                    stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
-                    status = await stub.Status(trainer_pb2.TrainerStatusRequest(), timeout=self.heartbeat_interval_s)
-                    self.groups_address = status.groups_address
-                self.members.heartbeat(member.member_id, now)
-            except grpc.aio.AioRpcError as exc:
+        """Status-poll trainer and inference members (concurrently: one hung member must not delay the others);
+        a reply counts as their heartbeat."""
+        members = [m for m in self.members.members.values() if m.kind in ("inference", "trainer")]
+        await asyncio.gather(*(self._poll(m) for m in members))
+
+    async def _poll(self, member: Any) -> None:
+        try:
+            if member.kind == "inference":
+                stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+                status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
+                loaded = int(status.loaded_version)
+                if loaded < self.pushed_version and not member.fenced:
+                    self.members.fence(member.member_id, f"serves version {loaded}")
+                elif member.fenced and loaded >= self.pushed_version:
+                    # It answers and serves the current version (caught up, came back, or joined and was pushed).
+                    log.info("replica %s serves version %d again: back in rotation", member.member_id, loaded)
+                    self.members.loaded(member.member_id, loaded)
+            else:
+                stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
+                status = await stub.Status(trainer_pb2.TrainerStatusRequest(), timeout=self.heartbeat_interval_s)
+                self.groups_address = status.groups_address
+            self.members.answered_poll(member.member_id, self.clock())
+        except grpc.aio.AioRpcError as exc:
+            missed = self.members.missed_poll(member.member_id)
+            if member.kind == "inference" and missed >= UNRESPONSIVE_POLLS and not member.fenced:
+                reason = f"did not answer Status {missed} times in a row ({exc.code().name})"
+                self.members.fence(member.member_id, reason)
+                log.warning("fenced replica %s: %s; its rollouts go to the other replicas", member.member_id, reason)
+            else:
                 log.debug("%s %s did not answer Status: %s", member.kind, member.member_id, exc.code().name)
 
     def release_dead_gateways(self) -> None:
@@ -154,11 +183,13 @@ class Orchestrator:
             status = await self.trainer_stub().Status(trainer_pb2.TrainerStatusRequest(), timeout=30)
         except grpc.aio.AioRpcError as exc:
             raise RunFailed(f"trainer did not answer Status: {exc.code().name}: {exc.details()}") from None
+        self.check_resume_point(int(status.version))
         try:
             self.scheduler.align_to_trainer(int(status.version))
         except ValueError as exc:
             raise RunFailed(str(exc)) from None
         version = self.scheduler.gate.version
+        self.cut_record(version)
         if version == 0:
             return
         try:
@@ -180,7 +211,7 @@ class Orchestrator:
                 await self.evaluate(self.scheduler.gate.version, wait=True)
                 self.hold_leases = False
             log.info("run started: version %d, %s", self.scheduler.gate.version, self.scheduler.snapshot())
-            while True:
+            while not self.stop_requested:
                 if poller.done():
                     poller.result()  # surface a poller crash
                 step = self.scheduler.take_step()
@@ -195,9 +226,16 @@ class Orchestrator:
                     self.check_stalled()
                     continue
                 await self.train_and_publish(step)
+            if self.stop_requested:
+                raise RunStopped(f"stopped by a signal after step {self.scheduler.trained_steps}: --resume continues")
+            self.check_trained()
             if self.evaluation:
                 await self.evaluate(self.scheduler.gate.version, wait=True)
             await self.finish()
+        except RunStopped as exc:
+            self.error = str(exc)
+            log.warning("run %s", self.error)
+            raise
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("run failed: %s", self.error)
@@ -230,7 +268,13 @@ class Orchestrator:
         position = json.dumps(
             {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
         )
-        request = trainer_pb2.TrainStepRequest(step=step.step, row_ids=list(step.row_ids), data_position=position)
+        request = trainer_pb2.TrainStepRequest(
+            step=step.step,
+            row_ids=list(step.row_ids),
+            data_position=position,
+            groups=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in step.groups],
+            superseded=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in self.scheduler.take_superseded()],
+        )
         try:
             reply = await self.trainer_stub().TrainStep(request, timeout=self.train_step_timeout_s)
         except grpc.aio.AioRpcError as exc:
@@ -259,6 +303,9 @@ class Orchestrator:
         replicas = self.members.alive("inference", self.clock())
         if not replicas:
             raise RunFailed(f"no live inference replica to push version {version} to")
+        # One that is not answering Status is skipped (it stays fenced; once it answers, the next push or the
+        # poller brings it back).
+        replicas = [m for m in replicas if m.missed_polls < UNRESPONSIVE_POLLS]
 
         async def push(member: Any) -> None:
             stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
@@ -267,6 +314,8 @@ class Orchestrator:
             )
             try:
                 reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+                if member.fenced:
+                    log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
                 self.members.loaded(member.member_id, reply.version)
                 log.info(
                     "replica %s loaded version %d (transfer %.3f s, pause %.3f s)",
@@ -280,10 +329,74 @@ class Orchestrator:
                 self.members.fence(member.member_id, reason)
                 log.warning("fenced replica %s: %s", member.member_id, reason)
 
-        await asyncio.gather(*(push(m) for m in replicas))
+        # A replica that stops answering Status during the push (hung, SIGSTOP) is fenced by the poller; its
+        # LoadWeights is cancelled then instead of holding the gate for the whole push timeout.
+        tasks = {asyncio.create_task(push(m), name=f"push-{m.member_id}"): m for m in replicas}
+        pending, abandoned = set(tasks), []
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=self.heartbeat_interval_s)
+            for task in [t for t in pending if tasks[t].missed_polls >= UNRESPONSIVE_POLLS]:
+                task.cancel()
+                pending.discard(task)
+                abandoned.append(task)
+                member = tasks[task]
+                self.members.fence(member.member_id, f"stopped answering during the push of version {version}")
+                log.warning(
+                    "fenced replica %s: stopped answering during the push of version %d", member.member_id, version
+                )
+        await asyncio.gather(*abandoned, return_exceptions=True)
+        for task in tasks:
+            if not task.cancelled():
+                task.result()  # surface a bug in push()
         if not self.members.routable_replicas(self.clock()):
             raise RunFailed(f"every inference replica failed to load version {version}")
         return self.clock() - t0
+
+    def request_stop(self) -> None:
+        """Stop after the step in flight (SIGINT/SIGTERM): its metrics line is written and the trainer, stopped
+        after the controller, checkpoints it, so `--resume` loses nothing."""
+        self.stop_requested = True
+        self.wakeup.set()
+
+    def check_trained(self) -> None:
+        """A run that updated the weights in no step fails, saying why, instead of having the trainer export the
+        base model as the run's final model (fleetrl.controller.run_outcome)."""
+        steps = self.scheduler.trained_steps
+        message = untrained_run_message(
+            steps_trained=steps,
+            steps_empty=steps_without_update(self.metrics_path, steps),
+            counters=self.scheduler.counters,
+            max_seq_len=self.run_cfg.max_seq_len,
+        )
+        if message is not None:
+            raise RunFailed(f"{message}; nothing exported")
+
+    def check_resume_point(self, trainer_version: int) -> None:
+        """A resumed journal with trained steps and a trainer back at version 0 (it had no checkpoint) would train
+        those steps again from the base model: only when asked (`restart_weights`)."""
+        trained = self.scheduler.trained_steps
+        if not self.scheduler.resumed or trainer_version > 0 or trained == 0 or self.restart_weights:
+            return
+        raise RunFailed(
+            f"--resume: the trainer has no checkpoint to resume from (it starts at version 0) but the journal has "
+            f"{trained} trained steps, which would be trained again from the base model. Pass --restart-weights to "
+            "do that, or start the run over with --overwrite. A checkpoint is saved every dcp_save_interval steps and "
+            "when the run is stopped (Ctrl-C, SIGTERM); a killed trainer saves none."
+        )
+
+    def cut_record(self, version: int) -> None:
+        """metrics.jsonl ends at the version the run starts from: lines of steps after it (lost with the trainer
+        that trained them, trained again now) move to metrics.superseded.jsonl, so the record keeps one line per
+        step. A fresh run (no journal) moves an earlier run's lines aside."""
+        resumed = self.scheduler.resumed
+        moved = cut_to_version(self.metrics_path, version if resumed else -1)
+        if moved:
+            log.info("metrics.jsonl cut back to version %d: %d lines moved to %s", version, moved, SUPERSEDED)
+        if resumed and self.metrics_path.exists():
+            # Evaluations of versions up to the resumed one stand: they are not run (and written) again.
+            for line in one_per_step(read_lines(self.metrics_path))[1]:
+                metrics = {k.removeprefix("eval/"): v for k, v in line.items() if k.startswith("eval/")}
+                self.evaluated[int(line["step"])] = metrics
 
     async def finish(self) -> None:
         position = json.dumps(
@@ -341,9 +454,10 @@ class Orchestrator:
         tokens = trainer_metrics.get("data/tokens", 0.0)
         line: dict[str, Any] = {**trainer_metrics, "step": step.step, "version": int(reply.version)}
         line["time"] = time.time()
+        # async/version_offset_* come from the trainer: measured on the samples it trained (per-token versions).
+        # The offsets the controller admitted the groups at are kept apart; they must never be larger.
         offsets = step.version_offsets or (0,)
-        line["async/version_offset_mean"] = sum(offsets) / len(offsets)
-        line["async/version_offset_max"] = max(offsets)
+        line["async/admitted_offset_max"] = max(offsets)
         step_time = wait + total
         line.update(
             {
@@ -365,7 +479,7 @@ class Orchestrator:
             step.step,
             reply.version,
             line.get("reward/mean", float("nan")),
-            line["async/version_offset_max"],
+            line.get("async/version_offset_max", -1),
             wait,
             train,
         )

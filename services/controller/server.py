@@ -20,7 +20,7 @@ from fleetrl.gate import OffPolicyGate
 from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server
 from fleetrl.services.controller.config import ControllerConfig
-from fleetrl.services.controller.orchestrator import Orchestrator
+from fleetrl.services.controller.orchestrator import Orchestrator, RunStopped
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.v1 import controller_pb2_grpc
 
@@ -100,6 +100,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         evaluation=config.evaluation,
         eval_timeout_s=config.eval_timeout_s,
         stall_timeout_s=config.stall_timeout_s,
+        restart_weights=config.restart_weights,
     )
     servicer = ControllerServicer(
         scheduler, members, orchestrator, run_id=uuid.uuid4().hex[:12], heartbeat_interval_s=config.heartbeat_interval_s
@@ -109,12 +110,13 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         host=config.host,
         port=config.grpc_port,
         auth_token=config.auth_token,
+        max_receive_mb=16,  # its requests (leases, reports, heartbeats) are small; its replies carry rows
     )
     return ControllerServer(config, server, port, scheduler, members, orchestrator, journal)
 
 
 async def serve(config: ControllerConfig) -> int:
-    """Run until the data is used up (exit 0) or the run fails (exit 1)."""
+    """Run until the data is used up (exit 0), the run fails (exit 1) or a signal stops it (exit 130)."""
     from fleetrl.services.controller.metrics import ControllerMetrics
     from fleetrl.telemetry import linger_then_close, start_metrics_server
 
@@ -135,15 +137,22 @@ async def serve(config: ControllerConfig) -> int:
     stop = asyncio.Event()
 
     def on_signal() -> None:
+        # The first signal stops the run after the step in flight, so its metrics line is written and the trainer
+        # (stopped after the controller by `fleetrl up`) checkpoints the step; before the run has started there is
+        # nothing to finish, and a second signal stops at once.
         stop.set()
-        run_task.cancel()
+        if ctl.orchestrator.stop_requested or not ctl.orchestrator.started:
+            run_task.cancel()
+        else:
+            log.info("stopping after the step in flight (signal again to stop now)")
+            ctl.orchestrator.request_stop()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     code = 0
     try:
         await run_task
-    except asyncio.CancelledError:
+    except (asyncio.CancelledError, RunStopped):
         log.info("controller stopped by signal")
         code = 130
     except Exception:

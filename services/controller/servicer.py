@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.run_outcome import rejection_cause
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
@@ -46,9 +47,14 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         if kind is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Register: kind must be set")
         try:
-            self.members.register(kind, request.member_id, request.address, self.clock())
+            member = self.members.register(kind, request.member_id, request.address, self.clock())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register: {exc}")
+        required = self.orchestrator.pushed_version
+        if kind == "inference" and member.version < required:
+            # A replica joining a running run starts from the base model: it takes no rollouts until it serves
+            # the version every other replica serves (a push, or the member poll seeing it loaded).
+            self.members.fence(member.member_id, f"joined serving version {member.version}, the run is at {required}")
         return controller_pb2.RegisterResponse(heartbeat_interval_s=self.heartbeat_interval_s, run_id=self.run_id)
 
     async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -65,9 +71,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.members.register("gateway", request.gateway_id, "", now)
         replicas = self.members.routable_replicas(now)
         leases = (
-            []
-            if not replicas or self.orchestrator.finished
-            else self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
+            self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
+            if replicas and self.orchestrator.leasing_open()
+            else []
         )
         trainers = self.members.alive("trainer", now)
         return controller_pb2.LeaseRowsResponse(
@@ -100,16 +106,27 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             if outcome is None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ReportRows: row {report.row_id} has no outcome")
             min_version = None if report.min_version < 0 else report.min_version
-            results.append(self.scheduler.report(report.row_id, outcome, now, request.gateway_id or None, min_version))
+            results.append(
+                self.scheduler.report(
+                    report.row_id, outcome, now, request.gateway_id or None, min_version, report.attempt or None
+                )
+            )
             for why, count in report.samples_dropped.items():
                 key = f"samples_dropped_{why}"
                 self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
+            if results[-1] == "rejected":  # counted once under its cause: a run that trains nothing says why
+                cause = f"rows_rejected_{rejection_cause(report.samples_dropped, report.reason)}"
+                self.scheduler.counters[cause] = self.scheduler.counters.get(cause, 0) + 1
         if request.reports:
             self.orchestrator.last_progress = now
         self.orchestrator.wakeup.set()
         return controller_pb2.ReportRowsResponse(results=results)
 
     async def ReportEval(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        live = self.scheduler.gate.version
+        if not 0 <= request.version <= live:  # only a live version is ever evaluated
+            message = f"ReportEval: version {request.version} is not a version of this run (0..{live})"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         self.members.heartbeat(request.gateway_id, self.clock())
         self.orchestrator.record_eval(request.version, dict(request.metrics))
         return controller_pb2.ReportEvalResponse()

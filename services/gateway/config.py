@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetrl.config import Config, ConfigError, build_service_config
 
 
 class GatewayConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     run: Config = Field(..., description="The run config (G, sampling settings, max_concurrency, extras).")
     rollout: str = Field(..., description="The rollout factory: 'module:make_rollout_fn' or 'file.py:attr'.")
@@ -26,7 +27,20 @@ class GatewayConfig(BaseModel):
         None, ge=1, description="Rows processed at once; None = ceil(max_concurrency / G) + 1, or 16."
     )
     min_samples: int = Field(2, ge=2, description="A group with fewer valid samples is rejected.")
-    rollout_timeout_s: float = Field(600.0, gt=0, description="One rollout call fails after this.")
+    rollout_timeout_s: float = Field(
+        600.0, gt=0, description="A whole rollout (with its tools) is cancelled, dropped and counted after this."
+    )
+    generate_timeout_s: float = Field(
+        120.0, gt=0, description="One Generate call fails after this and is retried on another replica."
+    )
+    eval_timeout_s: float = Field(
+        1800.0, gt=0, description="The evaluation hook is cancelled (and reported failed) after this."
+    )
+    breaker_window: int = Field(100, ge=1, description="Circuit breaker: rollouts judged (in start order).")
+    breaker_min_attempts: int = Field(20, ge=1, description="Circuit breaker: judge only with this many outcomes.")
+    breaker_max_failure_rate: float = Field(
+        0.5, gt=0, le=1, description="Circuit breaker: stop the gateway when this share of the window failed."
+    )
     rollout_retries: int = Field(3, ge=1, description="Attempts for a rollout failing with a recoverable error.")
     send_timeout_s: float = Field(60.0, gt=0, description="Pushing a group to the trainer fails after this.")
     rpc_timeout_s: float = Field(30.0, gt=0, description="Controller calls fail after this.")
@@ -39,6 +53,14 @@ class GatewayConfig(BaseModel):
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the metrics port here once running.")
     log_level: str = Field("INFO", description="Python log level name.")
+
+    @model_validator(mode="after")
+    def _check_breaker(self) -> GatewayConfig:
+        if self.breaker_min_attempts > self.breaker_window:
+            raise ValueError(
+                f"breaker_min_attempts ({self.breaker_min_attempts}) must be <= breaker_window ({self.breaker_window})"
+            )
+        return self
 
     @property
     def rows_in_flight(self) -> int:

@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
+from typing import Any
 
+from fleetrl.exit_codes import EXIT_USER_CODE
 from fleetrl.launch_args import add_run_config_args, drop_unset, run_config_from_args
+
+log = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--controller", help="HOST:PORT of the controller (default 127.0.0.1:50050)")
     parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
+    parser.add_argument(
+        "--rollout-timeout", type=float, help="seconds before a whole rollout is cancelled and dropped (default 600)"
+    )
+    parser.add_argument("--generate-timeout", type=float, help="seconds per Generate call, then retried (default 120)")
+    parser.add_argument("--breaker-window", type=int, help="circuit breaker: rollouts judged (default 100)")
+    parser.add_argument("--breaker-min-attempts", type=int, help="circuit breaker: outcomes needed (default 20)")
+    parser.add_argument(
+        "--breaker-max-failure-rate", type=float, help="circuit breaker: failed share that stops it (default 0.5)"
+    )
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
     parser.add_argument("--host", help="address the metrics endpoint binds to (default 127.0.0.1)")
     parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
@@ -58,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
                     "controller_address": args.controller,
                     "gateway_id": args.gateway_id,
                     "max_rows_in_flight": args.max_rows_in_flight,
+                    "rollout_timeout_s": args.rollout_timeout,
+                    "generate_timeout_s": args.generate_timeout,
+                    "breaker_window": args.breaker_window,
+                    "breaker_min_attempts": args.breaker_min_attempts,
+                    "breaker_max_failure_rate": args.breaker_max_failure_rate,
                     "metrics_port": args.metrics_port,
                     "metrics_linger_s": args.metrics_linger,
                     "host": args.host,
@@ -75,6 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(run(config))
 
 
+def model_vocab_size(run_cfg: Any, tokenizer: Any) -> int | None:
+    """The policy's embedding rows (config.json's vocab_size; the tokenizer's length if there is no config): the
+    bound every sample's token ids must stay under."""
+    from transformers import AutoConfig
+
+    try:
+        return int(AutoConfig.from_pretrained(run_cfg.base_model).vocab_size)
+    except (OSError, ValueError, AttributeError, TypeError) as exc:
+        log.warning("no model config at %s (%s); token ids are checked against the tokenizer", run_cfg.base_model, exc)
+        return len(tokenizer) if tokenizer is not None else None
+
+
 async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ignore[no-untyped-def]
     """Run one gateway; `rollout_factory`/`tokenizer` objects may be given directly (fleetrl.main does)."""
     from transformers import AutoTokenizer
@@ -88,9 +119,14 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
     run_cfg = config.run
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
-    factory = rollout_factory or load_object(config.rollout)
-    evaluation_fn = load_object(config.evaluation) if config.evaluation else None
-    gateway = Gateway(config, factory, tokenizer, load_dynamic_filter(config.dynamic_filter), evaluation_fn)
+    try:
+        factory = rollout_factory or load_object(config.rollout)
+        evaluation_fn = load_object(config.evaluation) if config.evaluation else None
+        dynamic_filter = load_dynamic_filter(config.dynamic_filter)
+    except Exception as exc:  # deterministic: restarting the gateway cannot fix the user's code
+        log.error("cannot load the user's code: %s: %s", type(exc).__name__, exc)
+        return EXIT_USER_CODE
+    gateway = Gateway(config, factory, tokenizer, dynamic_filter, evaluation_fn, model_vocab_size(run_cfg, tokenizer))
     metrics_server = None
     if config.metrics_port is not None:
         metrics_server = start_metrics_server(config.metrics_port, host=config.host)

@@ -6,6 +6,9 @@
 
 Requests go to the live replica with the fewest calls in flight; a call that fails with UNAVAILABLE,
 DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica with exponential backoff.
+
+A call without a `seed` (in its arguments or the run's sample_kwargs) made inside a gateway rollout is seeded from
+the rollout (run seed, row, version, sample index, call index: fleetrl.sampling_seed); elsewhere it is unseeded.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 import grpc
 
+from fleetrl.sampling_seed import next_rollout_seed
 from fleetrl.services.inference.client import InferenceClient
 from fleetrl.services.inference.engine import SamplingRequest
 
@@ -120,6 +124,9 @@ class Sampler:
         self, prompt_token_ids: Sequence[int], n: int = 1, **kwargs: Any
     ) -> list[SampledCompletion]:
         params = {**self.default_kwargs, **kwargs}
+        seed = params.pop("seed", None)
+        if seed is None:  # an explicit seed wins; the rollout's own seed is drawn only when it is used
+            seed = next_rollout_seed()
         request = SamplingRequest(
             prompt_token_ids=list(prompt_token_ids),
             n=n,
@@ -128,7 +135,7 @@ class Sampler:
             top_p=float(params.pop("top_p", 1.0)),
             top_k=int(params.pop("top_k", 0) or 0),
             stop_token_ids=tuple(params.pop("stop_token_ids", ()) or ()),
-            seed=params.pop("seed", None),
+            seed=seed,
         )
         if params:
             raise TypeError(f"unknown sampling arguments: {sorted(params)}")

@@ -3,12 +3,15 @@ the trainer over ZeroMQ, report every row's outcome to the controller.
 
 Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no or unavailable replica)
 are retried with backoff; other exceptions drop the sample, with the traceback logged once per error type; the
-circuit breaker stops the gateway after 5 consecutive failures or >= 50 % of the last 20 (exit code 3).
+circuit breaker stops the gateway when half of the last 100 rollouts (in start order, at least 20) failed (exit code
+3; fleetrl.gateway.circuit_breaker). A rollout past `rollout_timeout_s` is cancelled, dropped and counted, not
+retried; one Generate call has its own `generate_timeout_s` (retried on another replica).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -21,17 +24,18 @@ from typing import Any
 
 import grpc
 
+from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.groups import DynamicFilter, assemble_group
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import RolloutFnFactory, RolloutSample, RolloutSetup
 from fleetrl.rpc import open_channel
+from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.services.gateway.config import GatewayConfig
 from fleetrl.services.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
-EXIT_CIRCUIT_OPEN = 3
 RECOVERABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
@@ -54,6 +58,7 @@ class Gateway:
         tokenizer: Any = None,
         dynamic_filter: DynamicFilter | None = None,
         evaluation_fn: Any = None,
+        vocab_size: int | None = None,
     ) -> None:
         self.config = config
         self.run_cfg = config.run
@@ -62,9 +67,14 @@ class Gateway:
         self.tokenizer = tokenizer
         self.dynamic_filter = dynamic_filter
         self.evaluation_fn = evaluation_fn
+        self.vocab_size = vocab_size  # the model's embedding rows: a sample with a token id >= it is dropped
         self.eval_rows: list[dict[str, Any]] = []
         self._eval_started: set[int] = set()
-        self.breaker = CircuitBreaker()
+        self.breaker = CircuitBreaker(
+            window=config.breaker_window,
+            min_attempts=config.breaker_min_attempts,
+            max_failure_rate=config.breaker_max_failure_rate,
+        )
         self.counters: Counter[str] = Counter()
         self._seen_errors: set[str] = set()
         self._sender: GroupSender | None = None
@@ -101,7 +111,7 @@ class Gateway:
         self.sampler = Sampler(
             self.tokenizer,
             auth_token=self.config.auth_token,
-            request_timeout_s=self.config.rollout_timeout_s,
+            request_timeout_s=self.config.generate_timeout_s,
             default_kwargs=self.run_cfg.sample_kwargs,
         )
         setup = RolloutSetup(
@@ -201,8 +211,17 @@ class Gateway:
         """Run the evaluation hook on the held-out rows against the live replicas; report eval/* metrics."""
         started = time.monotonic()
         try:
-            metrics = await self.evaluation_fn(self.setup, list(self.eval_rows))
+            metrics = await asyncio.wait_for(
+                self.evaluation_fn(self.setup, list(self.eval_rows)), timeout=self.config.eval_timeout_s
+            )
             metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+        except TimeoutError:
+            log.error(
+                "evaluation of version %d ran past eval_timeout_s (%.0f s); cancelled",
+                version,
+                self.config.eval_timeout_s,
+            )
+            metrics = {"failed": 1.0, "timed_out": 1.0}
         except Exception as exc:  # a broken evaluation hook must not stop training; say so loudly
             log.error("evaluation of version %d failed: %s", version, "".join(traceback.format_exception(exc)))
             metrics = {"failed": 1.0}
@@ -217,7 +236,7 @@ class Gateway:
         started = time.monotonic()
         row = json.loads(leased.row_json)
         g = self.run_cfg.completions_per_prompt
-        results = await asyncio.gather(*(self.one_rollout(row) for _ in range(g)))
+        results = await asyncio.gather(*(self.one_rollout(row, self._rollout_key(leased, i)) for i in range(g)))
         assembled = assemble_group(
             leased.row_id,
             leased.submit_version,
@@ -226,6 +245,8 @@ class Gateway:
             self.dynamic_filter,
             self.gateway_id,
             max_seq_len=self.run_cfg.max_seq_len,
+            attempt=leased.attempt,
+            vocab_size=self.vocab_size,
         )
         self.counters.update({f"samples_dropped_{k}": v for k, v in assembled.dropped.items()})
         report = controller_pb2.RowReport(
@@ -233,6 +254,7 @@ class Gateway:
             samples=len(assembled.group.samples),
             samples_dropped=dict(assembled.dropped),
             min_version=assembled.min_version,
+            attempt=leased.attempt,
         )
         if assembled.accepted:
             try:
@@ -259,32 +281,61 @@ class Gateway:
         async with self._send_lock:  # one ZeroMQ socket: one sender at a time, off the event loop
             await asyncio.to_thread(self._sender.send, group)
 
-    async def one_rollout(self, row: dict[str, Any]) -> RolloutSample | BaseException | None:
+    def _rollout_key(self, leased: Any, sample_index: int) -> RolloutKey:
+        return RolloutKey(self.run_cfg.seed, leased.row_id, leased.submit_version, sample_index)
+
+    async def one_rollout(
+        self, row: dict[str, Any], key: RolloutKey | None = None
+    ) -> RolloutSample | BaseException | None:
+        """One call of the user's rollout function, retried on recoverable errors. With `key`, its sampling calls
+        are seeded from it (fleetrl.sampling_seed); a retry starts from the same seeds, so a transport hiccup does
+        not change what is sampled."""
         async with self._slots:
+            ticket = self.breaker.start()  # the breaker judges outcomes in start order
             for attempt in range(1, self.config.rollout_retries + 1):
+                started = time.monotonic()
                 try:
-                    result = await asyncio.wait_for(self.rollout_fn(dict(row)), timeout=self.config.rollout_timeout_s)
-                except (TimeoutError, NoReplicaError, grpc.aio.AioRpcError) as exc:
+                    with rollout_seed_scope(key) if key is not None else contextlib.nullcontext():
+                        result = await asyncio.wait_for(
+                            self.rollout_fn(dict(row)), timeout=self.config.rollout_timeout_s
+                        )
+                except TimeoutError as exc:
+                    if time.monotonic() - started >= self.config.rollout_timeout_s:
+                        # The rollout's own deadline (wait_for cancelled it): a hung tool or environment. Not
+                        # retried (it would hang again), dropped and counted.
+                        self.counters["rollouts_timed_out"] += 1
+                        log.warning(
+                            "row %s: a rollout ran past rollout_timeout_s (%.0f s); cancelled and dropped",
+                            key.row_id if key is not None else "?",
+                            self.config.rollout_timeout_s,
+                        )
+                        return self._failed(exc, ticket)
+                    if attempt < self.config.rollout_retries:  # e.g. a Generate call's own deadline
+                        self.counters["rollouts_retried"] += 1
+                        await asyncio.sleep(0.2 * 2 ** (attempt - 1))
+                        continue
+                    return self._failed(exc, ticket)
+                except (NoReplicaError, grpc.aio.AioRpcError) as exc:
                     recoverable = not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in RECOVERABLE_CODES
                     if recoverable and attempt < self.config.rollout_retries:
                         self.counters["rollouts_retried"] += 1
                         await asyncio.sleep(0.2 * 2 ** (attempt - 1))
                         continue
-                    return self._failed(exc)
+                    return self._failed(exc, ticket)
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    return self._failed(exc)
+                    return self._failed(exc, ticket)
                 self.counters["rollouts_ok"] += 1
-                self.breaker.record(True)
+                self.breaker.record(True, ticket=ticket)
                 return result
         raise AssertionError("unreachable")
 
-    def _failed(self, exc: BaseException) -> BaseException:
+    def _failed(self, exc: BaseException, ticket: int | None = None) -> BaseException:
         self.counters["rollouts_failed"] += 1
         kind = type(exc).__name__
         if kind not in self._seen_errors:  # the traceback once per error type, not once per sample
             self._seen_errors.add(kind)
             log.error("rollout raised %s (logged once):\n%s", kind, "".join(traceback.format_exception(exc)))
-        self.breaker.record(False, f"{kind}: {exc}")
+        self.breaker.record(False, f"{kind}: {exc}", ticket=ticket)
         return exc

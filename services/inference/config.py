@@ -19,7 +19,8 @@ class InferenceConfigError(ValueError):
 class InferenceConfig(BaseModel):
     """The inference server's settings. Ports: 0 picks a free one; None disables that endpoint."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     model: str = Field(..., description="HF model directory (config, safetensors, tokenizer).")
     engine: Literal["vllm", "hf"] = Field(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 from dataclasses import dataclass, field
 
@@ -66,6 +67,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
 
     async def LoadWeights(self, request, context):
         timeout_s = request.timeout_s or self._config.weight_load_timeout_s
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            message = f"LoadWeights: timeout_s must be a finite number > 0, got {timeout_s}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         try:
             result = await self._engine.load_weights(
                 request.version,

@@ -14,7 +14,8 @@ class ReferenceConfigError(ValueError):
 class ReferenceConfig(BaseModel):
     """Ports: 0 picks a free one; a metrics port of None disables /metrics."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     model: str = Field(..., description="HF causal LM (path or hub id): the base policy, frozen.")
     host: str = Field("127.0.0.1", description="Address the endpoints bind to (loopback default).")

@@ -158,8 +158,10 @@ def _drain(queue: asyncio.Queue[_Request]) -> list[_Request]:
     return out
 
 
-def validate_request(request: reference_pb2.ComputeLogprobsRequest, vocab_size: int) -> tuple[list[list[int]], float]:
-    """The request's sequences and temperature; ValueError naming what is wrong."""
+def validate_request(
+    request: reference_pb2.ComputeLogprobsRequest, vocab_size: int, max_len: int | None = None
+) -> tuple[list[list[int]], float]:
+    """The request's sequences and temperature; ValueError naming what is wrong (max_len: the model's length)."""
     temperature = request.temperature if request.HasField("temperature") else 1.0
     if not (math.isfinite(temperature) and temperature > 0):
         raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
@@ -167,6 +169,8 @@ def validate_request(request: reference_pb2.ComputeLogprobsRequest, vocab_size: 
     for i, seq in enumerate(sequences):
         if len(seq) < 2:
             raise ValueError(f"sequences[{i}] has {len(seq)} tokens; at least 2 are needed")
+        if max_len is not None and len(seq) > max_len:
+            raise ValueError(f"sequences[{i}] has {len(seq)} tokens, more than the model's {max_len}")
         bad = [t for t in seq if not 0 <= t < vocab_size]
         if bad:
             raise ValueError(f"sequences[{i}] has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
@@ -180,7 +184,8 @@ class ReferenceServicer(reference_pb2_grpc.ReferenceServicer):
     async def ComputeLogprobs(self, request, context):
         service = self._service
         try:
-            sequences, temperature = validate_request(request, service.vocab_size)
+            max_len = getattr(service.model.config, "max_position_embeddings", None)
+            sequences, temperature = validate_request(request, service.vocab_size, max_len)
         except ValueError as exc:
             service.metrics.observe_request("invalid")
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ComputeLogprobs: {exc}")

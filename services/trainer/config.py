@@ -16,7 +16,8 @@ class TrainerConfigError(ValueError):
 class TrainerServiceConfig(BaseModel):
     """Ports: 0 picks a free one (read them from Status or the ready file); metrics None = off."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     run: Config = Field(..., description="The run config (base_model, loss, optimizer, intervals, ...).")
     host: str = Field("127.0.0.1", description="Address every endpoint binds to (loopback default).")
@@ -59,6 +60,12 @@ class TrainerServiceConfig(BaseModel):
     dist_timeout_s: float = Field(3600.0, gt=0, description="Collective timeout under torchrun (incl. idle waits).")
     max_message_mb: int = Field(256, ge=1, description="gRPC / group message size limit in MiB.")
     shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
+    stop_checkpoint_wait_s: float = Field(
+        120.0,
+        ge=0,
+        description="At SIGINT/SIGTERM: wait this long for a step in flight, then checkpoint the last trained "
+        "version (unless it is the latest already) before exiting.",
+    )
     ready_file: str | None = Field(None, description="Write the bound addresses as JSON here once serving.")
     log_level: str = Field("INFO", description="Python log level name.")
 

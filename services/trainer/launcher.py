@@ -45,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--auto-steps", action="store_true", help="train whenever P groups have arrived")
     parser.add_argument("--record-groups", metavar="JSONL", help="append every received group here")
     parser.add_argument("--group-wait-timeout", type=float, help="seconds TrainStep waits for groups")
+    parser.add_argument(
+        "--stop-checkpoint-wait",
+        type=float,
+        help="at SIGINT/SIGTERM: seconds to wait for a step in flight before checkpointing the last step (120)",
+    )
     parser.add_argument("--ready-file", help="write the bound addresses here as JSON once serving")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return parser
@@ -80,6 +85,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "auto_steps": args.auto_steps or None,
         "record_groups": args.record_groups,
         "group_wait_timeout_s": args.group_wait_timeout,
+        "stop_checkpoint_wait_s": args.stop_checkpoint_wait,
         "ready_file": args.ready_file,
         "log_level": args.log_level,
     }

@@ -33,9 +33,12 @@ def metric_name(key: str) -> str:
 class _StreamCollector(Collector):
     """The group stream's counters, read at scrape time."""
 
-    def __init__(self, counts: Callable[[], Mapping[str, int]], duplicates: Callable[[], int]) -> None:
+    def __init__(
+        self, counts: Callable[[], Mapping[str, int]], duplicates: Callable[[], int], superseded: Callable[[], int]
+    ) -> None:
         self._counts = counts
         self._duplicates = duplicates
+        self._superseded = superseded
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         counts = self._counts()
@@ -63,6 +66,11 @@ class _StreamCollector(Collector):
             "Groups refused because their row was already buffered or trained.",
             value=self._duplicates(),
         )
+        yield CounterMetricFamily(
+            PREFIX + "groups_superseded",
+            "Groups evicted or refused because the controller superseded their attempt (stale, expired, failed).",
+            value=self._superseded(),
+        )
 
 
 class TrainerMetrics:
@@ -75,6 +83,7 @@ class TrainerMetrics:
         buffered_groups: Callable[[], float],
         stream_counts: Callable[[], Mapping[str, int]],
         duplicates: Callable[[], int],
+        superseded: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry
         self.steps = Counter(PREFIX + "steps", "Optimizer batches trained.", registry=registry)
@@ -85,7 +94,7 @@ class TrainerMetrics:
         Gauge(PREFIX + "buffered_groups", "Groups received, not yet trained.", registry=registry).set_function(
             buffered_groups
         )
-        registry.register(_StreamCollector(stream_counts, duplicates))
+        registry.register(_StreamCollector(stream_counts, duplicates, superseded))
         self._gauges: dict[str, Gauge | None] = {}
 
     def observe_step(self, metrics: Mapping[str, float]) -> None:

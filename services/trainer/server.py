@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -38,7 +39,8 @@ from fleetrl.services.trainer.metrics import TrainerMetrics
 from fleetrl.services.trainer.reference import make_reference_fn
 from fleetrl.telemetry import MetricsServer, start_metrics_server
 from fleetrl.trainer import DistContext, PolicyTrainer, StepError, StepResult
-from fleetrl.trainer.buffer import GroupBuffer, MissingGroupsError
+from fleetrl.trainer.buffer import GroupBuffer, GroupKey, MissingGroupsError
+from fleetrl.trainer.checkpoint import checkpoint_path, latest_checkpoint
 from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
 from fleetrl.weights import WeightPublisher
 
@@ -65,6 +67,8 @@ def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrain
         output_dir=config.output_dir,
         micro_batch_size=config.micro_batch_size,
         total_steps=config.total_steps,
+        # Without a controller (standalone replay of recorded groups, auto steps) there is no gate and no bound.
+        refuse_stale=not (config.auto_steps or config.standalone),
     )
 
 
@@ -73,7 +77,7 @@ def _parse_position(text: str) -> Any:
         return None
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise ValueError(f"data_position must be JSON: {exc}") from None
 
 
@@ -139,15 +143,25 @@ class TrainerService:
     # -- blocking operations (worker threads, one at a time) ---------------------------------
 
     def train_step(
-        self, step: int, row_ids: list[int], data_position: Any = None, wait_timeout_s: float | None = None
+        self,
+        step: int,
+        groups: list[GroupKey],
+        data_position: Any = None,
+        wait_timeout_s: float | None = None,
+        superseded: list[GroupKey] = (),  # type: ignore[assignment]
     ) -> StepResult:
-        """Train `step` from the buffered groups of `row_ids` (waiting for late ones)."""
+        """Train `step` from the buffered groups named (row id, attempt), waiting for late ones; first evict the
+        attempts the controller superseded."""
         with self._lock:
+            if superseded:
+                evicted = self.buffer.evict(superseded)
+                logger.info("evicted %d superseded groups of %d named", evicted, len(superseded))
             if step <= self.trainer.steps_done:
                 return self.trainer.train_step([], step=step)  # a retry: the step's result again
-            groups = self.buffer.wait_for(row_ids, wait_timeout_s or self.config.group_wait_timeout_s)
-            result = self.trainer.train_step(groups, step=step, data_position=data_position)
-            trained = {g.row_id for g in groups}
+            found = self.buffer.wait_for(groups, wait_timeout_s or self.config.group_wait_timeout_s)
+            result = self.trainer.train_step(found, step=step, data_position=data_position)
+            trained = {g.row_id for g in found}
+            row_ids = [r for r, _ in groups]
             result.skipped_row_ids = sorted(set(result.skipped_row_ids) | {r for r in row_ids if r not in trained})
             self.buffer.discard(row_ids)
             self.metrics.observe_step(result.metrics)
@@ -166,6 +180,25 @@ class TrainerService:
         with self._lock:
             return self.trainer.finish(data_position)
 
+    def checkpoint_on_stop(self, wait_s: float) -> Path | None:
+        """At a stop by signal: wait up to `wait_s` for a step in flight, then save a checkpoint of the last
+        trained version unless it is the latest already, so `--resume` loses no step. Returns its folder, or None
+        (nothing trained, already saved, or the step did not end in time)."""
+        self._stop.set()  # no further automatic step (--auto-steps)
+        if not self._lock.acquire(timeout=wait_s):
+            logger.error("a step was still training after %.0f s: stopping without a checkpoint", wait_s)
+            return None
+        try:
+            version = self.trainer.version
+            root = self.trainer.checkpoint_dir
+            if version == 0 or latest_checkpoint(root) == checkpoint_path(root, version):
+                return None
+            path = self.trainer.save_checkpoint()
+            logger.info("stopped: checkpoint of version %d saved to %s (--resume continues from it)", version, path)
+            return path
+        finally:
+            self._lock.release()
+
     def _version_ready(self, version: int) -> None:
         logger.info("version %d ready on the weight stream at %s", version, self.weights_address)
         for hook in list(self.version_ready_hooks):
@@ -173,7 +206,11 @@ class TrainerService:
 
     def _on_group(self, group: RolloutGroup) -> None:
         if not self.buffer.add(group):
-            logger.warning("group of row %d refused: row already buffered or trained", group.row_id)
+            logger.warning(
+                "group of row %d attempt %d refused: already buffered, row trained, or attempt superseded",
+                group.row_id,
+                group.attempt,
+            )
             return
         if self.config.record_groups:
             with self._record_lock:
@@ -191,7 +228,7 @@ class TrainerService:
                 groups = self.buffer.wait_for_count(run.prompt_groups_per_step, timeout_s=0.5)
                 if len(groups) < run.prompt_groups_per_step:
                     continue
-                self.train_step(self.trainer.steps_done + 1, [g.row_id for g in groups])
+                self.train_step(self.trainer.steps_done + 1, [g.key for g in groups])
         except Exception as exc:  # surfaced: health goes NOT_SERVING and serve() exits non-zero
             logger.exception("auto-step loop failed")
             self.failed = exc
@@ -257,8 +294,12 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         service = self._service
         try:
             position = _parse_position(request.data_position)
+            groups = [(g.row_id, g.attempt) for g in request.groups] or [(r, 0) for r in request.row_ids]
+            superseded = [(g.row_id, g.attempt) for g in request.superseded]
+            if not (math.isfinite(request.wait_timeout_s) and request.wait_timeout_s >= 0):  # NaN would spin forever
+                raise ValueError(f"wait_timeout_s must be a finite number >= 0, got {request.wait_timeout_s}")
             result = await asyncio.to_thread(
-                service.train_step, request.step, list(request.row_ids), position, request.wait_timeout_s or None
+                service.train_step, request.step, groups, position, request.wait_timeout_s or None, superseded
             )
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"TrainStep: {exc}")
@@ -343,6 +384,7 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
         buffered_groups=lambda: len(buffer),
         stream_counts=receiver.snapshot_counts,
         duplicates=lambda: buffer.duplicates,
+        superseded=lambda: buffer.superseded,
     )
     health = HealthServicer()
     service = TrainerService(config, trainer, buffer, receiver, publisher, registry, metrics, health)
@@ -360,7 +402,13 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
 
 
 async def serve(config: TrainerServiceConfig, trainer: PolicyTrainer) -> int:
-    """Run rank 0's service until SIGINT/SIGTERM (0) or a background failure (1)."""
+    """Run rank 0's service until SIGINT/SIGTERM (0, after checkpointing the last trained step) or a background
+    failure (1).
+
+    The checkpoint at a stop is the trainer's own doing, not a SaveCheckpoint call from the controller: it holds
+    whenever the trainer is stopped (Ctrl-C on `fleetrl up`, which stops the controller first and then the
+    trainer; a SIGTERM from docker or Kubernetes; a controller that is already gone), and it waits for a step in
+    flight under the same lock, so the weights saved are those of a complete step."""
     service = create_server(config, trainer)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -382,6 +430,8 @@ async def serve(config: TrainerServiceConfig, trainer: PolicyTrainer) -> int:
                 code = 1
                 break
         logger.info("shutting down")
+        if code == 0:
+            await asyncio.to_thread(service.checkpoint_on_stop, config.stop_checkpoint_wait_s)
     finally:
         await service.stop()
     return code
@@ -399,6 +449,10 @@ def run(config: TrainerServiceConfig) -> int:
         if config.resume and ctx.is_main:
             trainer.resume()
         if not ctx.is_main:
+            # Rank 0 decides when this rank stops (its checkpoint at a stop is collective): a signal that reaches
+            # every rank must not end this one in the middle of the save.
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
             trainer.follow()
             return 0
         return asyncio.run(serve(config, trainer))

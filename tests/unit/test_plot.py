@@ -39,3 +39,14 @@ def test_plot_reports_missing_or_bad_metrics(tmp_path, capsys):
 
 def test_rolling_mean():
     assert rolling_mean([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
+
+
+def test_a_resumed_record_plots_one_curve(tmp_path):
+    # A record from before resumes cut it back: steps 3-4 trained, lost, trained again after a resume.
+    first = [{"step": i, "reward/mean": 0.1 * i} for i in (1, 2, 3, 4)]
+    again = [{"step": i, "reward/mean": 0.5 + 0.1 * i} for i in (3, 4, 5)]
+    write(tmp_path, [*first, {"step": 4, "eval/accuracy": 0.1}, *again, {"step": 4, "eval/accuracy": 0.3}])
+    train, evals = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in train] == [1, 2, 3, 4, 5]
+    assert [m["reward/mean"] for m in train][2:] == [0.8, 0.9, 1.0]  # the retrained lines won
+    assert [e["eval/accuracy"] for e in evals] == [0.3]

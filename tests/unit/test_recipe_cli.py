@@ -35,6 +35,8 @@ def test_defaults_of_every_flag():
         "inference_args": "",
         "trainer_args": "",
         "set": [],
+        "resume": False,
+        "overwrite": False,
     }
 
 
@@ -146,6 +148,8 @@ def test_up_options_split_like_a_shell():
         "engine": "vllm",
         "inference_args": ["--dtype", "bfloat16", "--name", "a b"],
         "trainer_args": ["--device", "cuda"],
+        "resume": False,
+        "overwrite": False,
     }
 
 
@@ -154,4 +158,14 @@ def test_up_options_defaults_are_empty():
         "engine": "hf",
         "inference_args": [],
         "trainer_args": [],
+        "resume": False,
+        "overwrite": False,
     }
+
+
+def test_resume_and_overwrite_go_to_fleetrl_main_and_exclude_each_other(capsys):
+    options = up_options(parser().parse_args(["--model", "m", "--resume"]))
+    assert (options["resume"], options["overwrite"]) == (True, False)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--model", "m", "--resume", "--overwrite"])
+    assert "not allowed with argument" in capsys.readouterr().err

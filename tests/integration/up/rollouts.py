@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import hashlib
+import random
+from pathlib import Path
 
 from fleetrl import RolloutSample, RolloutSetup
 
@@ -80,3 +84,66 @@ async def broken_evaluate(setup: RolloutSetup, rows: list[dict]) -> dict[str, fl
     """An evaluation hook that samples once, then fails (fleetrl eval must say so and exit 1)."""
     await setup.sampler.sample_with_prompt_tokens(setup.tokenizer.encode(rows[0]["prompt"]), n=1, max_tokens=2)
     raise RuntimeError("the grader is down")
+
+
+def _next_call(counts_dir: Path, key: str) -> int:
+    """How many calls for `key` came before this one, across gateway processes (a locked counter file)."""
+    path = counts_dir / (hashlib.sha1(key.encode()).hexdigest() + ".count")
+    with open(path, "a+", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        before = int(fh.read() or 0)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(str(before + 1))
+    return before
+
+
+def make_first_attempt_stale_rollout_fn(setup: RolloutSetup):
+    """The first attempt of every row claims its tokens came from version 0 (stale once the policy moves on);
+    each sample carries `metrics["attempt"]`, counted across gateways in `extras["attempt_dir"]`, so a run's
+    metrics say which attempt of each row was trained."""
+    inner = make_rollout_fn(setup)
+    counts_dir = Path(setup.extras["attempt_dir"])
+    group_size = setup.completions_per_prompt
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        attempt = _next_call(counts_dir, row["prompt"]) // group_size + 1
+        sample = await inner(row)
+        if attempt == 1:
+            sample.versions = [0] * len(sample.tokens)
+        sample.metrics = {**sample.metrics, "attempt": float(attempt)}
+        return sample
+
+    return rollout_fn
+
+
+def make_version_logging_rollout_fn(setup: RolloutSetup):
+    """The plain rollout, appending the oldest version behind each sample's generated tokens to
+    `extras["version_log"]` (one line per sample), so a test sees which policy every rollout sampled from."""
+    inner = make_rollout_fn(setup)
+    log_path = Path(setup.extras["version_log"])
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        sample = await inner(row)
+        generated = [v for v, m in zip(sample.versions, sample.loss_mask, strict=True) if m]
+        with open(log_path, "a", encoding="utf-8") as fh:
+            fh.write(f"{min(generated)}\n")
+        return sample
+
+    return rollout_fn
+
+
+def make_flaky_rollout_fn(setup: RolloutSetup):
+    """A share (`extras["fail_share"]`) of rollouts fails before its first await, like a tool that errors at once:
+    those failures resolve ahead of the successes started with them."""
+    inner = make_rollout_fn(setup)
+    share = float(setup.extras["fail_share"])
+    rng = random.Random(0)
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        if rng.random() < share:
+            raise RuntimeError("the sandbox died")
+        return await inner(row)
+
+    return rollout_fn

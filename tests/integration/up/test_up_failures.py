@@ -108,3 +108,14 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
     assert "trainer exited with code -9" in err
     assert "--- last lines of" in err and "trainer.log" in err
     assert len(read_metrics(run_dir)) < 50  # the run stopped; it did not keep going without a trainer
+
+
+def test_a_run_that_trains_nothing_fails_and_exports_nothing(up_run):
+    # Every prompt is longer than max_seq_len: the gateway drops every sample as too long and rejects every row.
+    # The run must not end as a success with the untrained model exported as final/.
+    result, run_dir = up_run({"max_seq_len": 5, "max_completion_tokens": 2}, n_rows=6, timeout_s=300)
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "all 6 rows rejected: 6 too long for max_seq_len 5" in result.stderr
+    assert "run finished" not in result.stdout
+    assert not (run_dir / "final").exists()
+    assert read_metrics(run_dir) == []

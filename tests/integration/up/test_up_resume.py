@@ -54,9 +54,8 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
 
     resumed = fleetrl_up(config, extra=["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    lines = read_metrics(run_dir)
-    after = [m["step"] for m in lines][len(before) :]
-    assert after == list(range(saved + 1, 9)), (before, after)  # training went on from the checkpoint
+    # One line per step: the lines of steps the checkpoint had not seen were replaced by the retrained ones.
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(1, 9)), before
     controller_log = (run_dir / "controller.log").read_text()
     assert f"resumed at version {saved}: every replica serves it" in controller_log
     if max(before) > saved:
@@ -71,9 +70,11 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
     assert final_state["steps_done"] == 8 and sorted(final_state["trained_row_ids"]) == trained
 
 
-def test_resume_without_a_checkpoint_starts_the_weights_over(tmp_path, tiny_model_dir):
-    # No periodic checkpoint: the killed trainer left nothing, so the resumed run aligns the ledger to version 0,
-    # retrains every row from the base model, and the replicas (serving the base model) stay routable.
+def test_resume_without_a_checkpoint_refuses_unless_the_weights_may_restart(tmp_path, tiny_model_dir):
+    # No periodic checkpoint and a killed trainer: nothing to resume the weights from. --resume says so instead of
+    # silently training steps 1..k again; --resume --restart-weights aligns the ledger to version 0, retrains every
+    # row from the base model (the replicas, serving the base model, stay routable) and the record has one line
+    # per step.
     config = write_run(
         tmp_path,
         tiny_model_dir,
@@ -91,11 +92,58 @@ def test_resume_without_a_checkpoint_starts_the_weights_over(tmp_path, tiny_mode
         if proc.poll() is None:
             proc.kill()
     assert latest_checkpoint(run_dir / "checkpoints") is None
-    before = len(read_metrics(run_dir))
-    resumed = fleetrl_up(config, extra=["--resume"], timeout_s=300)
+    before = read_metrics(run_dir)
+    refused = fleetrl_up(config, extra=["--resume"], timeout_s=300)
+    assert refused.returncode == 1
+    assert "no checkpoint to resume from" in refused.stderr and "--restart-weights" in refused.stderr
+    assert read_metrics(run_dir) == before  # the refused resume changed nothing
+    resumed = fleetrl_up(config, extra=["--resume", "--restart-weights"], timeout_s=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert [m["step"] for m in read_metrics(run_dir)][before:] == [1, 2, 3, 4]
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4]
     assert "aligned to the trainer's version 0" in (run_dir / "controller.log").read_text()
     ledger = Journal(run_dir / "controller.sqlite").rows()
     trained = [r for r, info in ledger.items() if info["status"] == "trained"]
     assert len(trained) == 8 and all(ledger[r]["trained_count"] == 1 for r in trained)
+
+
+def test_ctrl_c_saves_the_last_step_and_resume_loses_nothing(tmp_path, tiny_model_dir):
+    # dcp_save_interval = 0: the only checkpoint is the one Ctrl-C makes. SIGINT reaches `fleetrl up` (its children
+    # run in their own sessions), which stops the gateways and the controller first (the controller finishes the
+    # step in flight and writes its line), then the trainer, which saves its last trained step.
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": 5, "rollout_extras": {"tool_latency_s": 0.2}},
+        {"rollout": "tests.integration.up.rollouts:make_slow_rollout_fn"},
+        n_rows=40,
+    )
+    run_dir = tmp_path / "run"
+    proc = start_fleetrl_up(config)
+    try:
+        wait_for_steps(proc, run_dir, 2)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    steps = [m["step"] for m in read_metrics(run_dir)]
+    assert steps == list(range(1, len(steps) + 1)) and 2 <= len(steps) < 5
+    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    assert checkpoint is not None, err[-3000:]
+    assert json.loads((checkpoint / STATE_FILE).read_text())["steps_done"] == len(steps)
+    assert Journal(run_dir / "controller.sqlite").state()["trained_steps"] == len(steps)
+    assert not (run_dir / "final").exists()
+
+    # The same log_path without --resume: refused, the old run untouched.
+    again = fleetrl_up(config, timeout_s=60)
+    assert again.returncode == 2 and "--resume" in again.stderr and "--overwrite" in again.stderr
+    assert latest_checkpoint(run_dir / "checkpoints") == checkpoint
+
+    resumed = fleetrl_up(config, extra=["--resume"], timeout_s=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed at version {len(steps)}: every replica serves it" in (run_dir / "controller.log").read_text()
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4, 5]  # nothing lost, nothing trained twice
+    ledger = Journal(run_dir / "controller.sqlite").rows()
+    trained = [r for r, info in ledger.items() if info["status"] == "trained"]
+    assert len(trained) == 10 and all(ledger[r]["trained_count"] == 1 for r in trained)

@@ -92,3 +92,15 @@ def test_mismatches_that_cannot_be_aligned_are_named(tmp_path):
     s.journal.close()
     with pytest.raises(ValueError, match="belongs to another run"):
         resume(tmp_path / "j").align_to_trainer(5)
+
+
+def test_rows_of_lost_steps_come_back_first_step_by_step_so_the_same_steps_form_again(tmp_path):
+    s = fresh(Journal(tmp_path / "j"))
+    run_steps(s, 4)
+    s.journal.close()
+    original = {r: int(info["step"]) for r, info in Journal(tmp_path / "j").rows().items() if info["step"] > 0}
+    r = resume(tmp_path / "j")
+    r.align_to_trainer(1)  # steps 2, 3 and 4 are lost: several steps, not one
+    assert list(r.queue)[:6] == sorted(original, key=lambda row: (original[row], row))[2:8]
+    trained_in = finish(r)
+    assert all(trained_in[row] == step for row, step in original.items() if step > 1)

@@ -163,3 +163,44 @@ def test_a_row_stale_on_every_attempt_is_closed_not_requeued_forever():
     assert s.counters["rows_failed_stale"] == 1
     (fresh,) = s.lease("gw", 1, now=2)
     assert fresh.row_id != lease.row_id
+
+
+def test_superseded_attempts_are_named_for_eviction_and_steps_name_their_attempt():
+    # The gateway sends a group before reporting it, so a stale attempt is already at the trainer: the scheduler
+    # names it as superseded, and the step that trains the row names the fresh attempt.
+    s = make(p=1, g=2, o=0)
+    (first,) = s.lease("gw", 1, now=0)
+    assert s.report(first.row_id, "accepted", now=1, min_version=0) == "accepted"
+    step1 = s.take_step()
+    assert step1.groups == ((first.row_id, 1),)
+    s.step_trained(step1)
+    s.publish(1)
+    (stale,) = s.lease("gw", 1, now=2)
+    assert s.report(stale.row_id, "accepted", now=3, min_version=0) == "stale"  # step 2 trains against v1
+    assert s.take_superseded() == [(stale.row_id, 1)]
+    assert s.take_superseded() == []  # handed over once
+    (fresh,) = s.lease("gw", 1, now=4)
+    assert (fresh.row_id, fresh.attempt) == (stale.row_id, 2)
+    assert s.report(fresh.row_id, "accepted", now=5, min_version=1) == "accepted"
+    assert s.take_step().groups == ((fresh.row_id, 2),)
+
+
+def test_expired_and_failed_attempts_are_superseded():
+    s = make(p=1, g=2, o=0, lease_timeout_s=10)
+    (a,) = s.lease("gw", 1, now=0)
+    s.expire(now=11)
+    (b,) = s.lease("gw", 1, now=11)
+    assert s.report(b.row_id, "failed", now=12) == "retry"
+    assert s.take_superseded() == [(a.row_id, 1), (b.row_id, 2)]
+
+
+def test_a_report_of_an_older_attempt_is_late_even_from_the_same_gateway():
+    # Attempt 1's lease expired and the same gateway leased the row again: attempt 1's report (checked against an
+    # older version) must not be taken for attempt 2's.
+    s = make(p=1, g=2, o=0, lease_timeout_s=10)
+    (a,) = s.lease("gw", 1, now=0)
+    (b,) = s.lease("gw", 1, now=11)
+    assert b.row_id == a.row_id and b.attempt == 2
+    assert s.report(a.row_id, "accepted", now=12, gateway_id="gw", attempt=1) == "late"
+    assert s.report(b.row_id, "accepted", now=12, gateway_id="gw", attempt=2) == "accepted"
+    assert s.take_step().groups == ((b.row_id, 2),)

@@ -30,3 +30,14 @@ def test_samples_longer_than_max_seq_len_are_dropped_and_counted():
     long = RolloutSample([1, 2, 3, 4, 5], [0.0, -0.1, -0.2, -0.3, -0.4], [0, 1, 1, 1, 1], 1.0)
     g = assemble_group(0, 0, [s(1.0), s(0.0), long], max_seq_len=4)
     assert len(g.group.samples) == 2 and g.dropped == {"too_long": 1}
+
+
+def test_token_ids_beyond_the_vocabulary_are_dropped_naming_the_bound():
+    # Today a token id >= the model's vocabulary passes validation and kills the trainer's step ("index out of
+    # range" in the embedding); the gateway knows the vocabulary and drops such a sample.
+    bad = RolloutSample([1, 100512, 3], [0.0, -0.5, -0.5], [0, 1, 1], 1.0)
+    out = assemble_group(7, 0, [s(1.0), s(0.0), bad], vocab_size=1000)
+    assert out.accepted and len(out.group.samples) == 2 and out.dropped == {"invalid": 1}
+    (why,) = out.group.dropped
+    assert why.field_name == "tokens" and "100512 at 1 is >= the model's vocabulary size 1000" in why.message
+    assert len(assemble_group(7, 0, [s(1.0), s(0.0), bad]).group.samples) == 3  # no bound known: not checked

@@ -76,3 +76,27 @@ def test_parts_scaled_sum_to_the_whole_batch_loss(mode):
         part, _ = policy_loss("ppo", logprobs[rows], old[rows], old[rows], advantages[rows], mask[rows], cfg=Cfg)
         parts += float(part) * part_loss_scale(mode, mask[rows], totals)
     assert parts == pytest.approx(float(whole), rel=1e-6, abs=1e-7)
+
+
+def test_samples_beyond_the_bound_are_refused_before_advantages():
+    # Defence in depth (stale_policy = requeue): whatever the controller decided, a sample more than O versions
+    # behind the trained version is not trained, and is counted.
+    fresh = [_sample(r, versions=[0, 0, 5, 5]) for r in (1.0, 0.0)]
+    stale = _sample(1.0, versions=[0, 0, 3, 5])  # oldest generated token: version 3, offset 2 at version 5
+    batch = build_step_batch([RolloutGroup(1, 5, [*fresh, stale])], train_version=5, max_offpolicy=1)
+    assert batch.num_samples == 2 and batch.stats["train/samples_refused_stale"] == 1.0
+    assert batch.stats["async/version_offset_max"] == 0.0
+    assert [round(a, 3) for a in batch.advantages] == [0.707, -0.707]  # computed without the refused sample
+    # A group left with fewer than two samples is skipped; stale_policy = "train" (None) keeps everything.
+    only_stale = RolloutGroup(2, 3, [stale, _sample(0.0, versions=[0, 0, 3, 3])])
+    assert build_step_batch([only_stale], train_version=5, max_offpolicy=1).skipped_row_ids == [2]
+    kept = build_step_batch([only_stale], train_version=5)
+    assert kept.num_samples == 2 and "train/samples_refused_stale" not in kept.stats
+    assert kept.stats["async/version_offset_max"] == 2.0 and kept.stats["async/version_offset_min"] == 2.0
+
+
+def test_samples_with_token_ids_beyond_the_vocabulary_are_refused_not_fatal():
+    good = [_sample(r) for r in (1.0, 0.0)]
+    bad = RolloutSample([1, 2, 100512, 4], [0.0, 0.0, -1.0, -1.0], [0, 0, 1, 1], 1.0)
+    batch = build_step_batch([RolloutGroup(1, 0, [*good, bad])], vocab_size=1000)
+    assert batch.num_samples == 2 and batch.stats["train/samples_refused_vocab"] == 1.0

@@ -1,4 +1,5 @@
-"""The trainer's group buffer: one group per row, late groups awaited with a timeout, trained rows refused."""
+"""The trainer's group buffer: groups keyed (row, attempt), late groups awaited with a timeout, trained rows and
+superseded attempts refused."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from fleetrl.groups import RolloutGroup
 from fleetrl.trainer.buffer import GroupBuffer, MissingGroupsError
 
 
-def _group(row_id: int) -> RolloutGroup:
-    return RolloutGroup(row_id, 0, [])
+def _group(row_id: int, attempt: int = 1) -> RolloutGroup:
+    return RolloutGroup(row_id, 0, [], attempt=attempt)
 
 
 def test_duplicates_and_trained_rows_are_refused_and_counted():
@@ -26,7 +27,7 @@ def test_wait_for_gets_a_late_group_and_skips_trained_rows():
     buffer.add(_group(1))
     timer = threading.Timer(0.05, lambda: buffer.add(_group(2)))
     timer.start()
-    got = buffer.wait_for([1, 2, 9], timeout_s=5.0)
+    got = buffer.wait_for([(1, 1), (2, 1), (9, 1)], timeout_s=5.0)
     timer.join()
     assert [g.row_id for g in got] == [1, 2]
     buffer.discard([1, 2])
@@ -36,8 +37,8 @@ def test_wait_for_gets_a_late_group_and_skips_trained_rows():
 def test_missing_groups_time_out_naming_the_rows():
     buffer = GroupBuffer()
     buffer.add(_group(1))
-    with pytest.raises(MissingGroupsError, match=r"rows \[3, 4\]") as info:
-        buffer.wait_for([1, 3, 4], timeout_s=0.05)
+    with pytest.raises(MissingGroupsError, match=r"rows \[3#1, 4#1\]") as info:
+        buffer.wait_for([(1, 1), (3, 1), (4, 1)], timeout_s=0.05)
     assert info.value.missing == [3, 4] and len(buffer) == 1  # nothing lost
 
 
@@ -47,3 +48,35 @@ def test_wait_for_count_returns_what_arrived_in_order():
         buffer.add(_group(r))
     assert [g.row_id for g in buffer.wait_for_count(2, timeout_s=0.01)] == [3, 1]
     assert len(buffer.wait_for_count(5, timeout_s=0.01)) == 3
+
+
+def test_a_step_gets_the_attempt_it_names_not_the_stale_one_that_came_first():
+    # Attempt 1 of row 7 arrived first (the gateway sends before it reports; the controller found it stale and
+    # leased the row again). The step names attempt 2: it waits for it instead of taking attempt 1.
+    buffer = GroupBuffer()
+    assert buffer.add(_group(7, attempt=1))
+    with pytest.raises(MissingGroupsError):
+        buffer.wait_for([(7, 2)], timeout_s=0.01)
+    assert buffer.add(_group(7, attempt=2))  # not refused as a duplicate of row 7
+    (got,) = buffer.wait_for([(7, 2)], timeout_s=1.0)
+    assert got.attempt == 2
+    buffer.discard([7])
+    assert len(buffer) == 0  # training row 7 evicted attempt 1 too
+
+
+def test_superseded_attempts_are_evicted_and_refused_when_they_arrive_late():
+    buffer = GroupBuffer()
+    buffer.add(_group(3, attempt=1))
+    assert buffer.evict([(3, 1), (4, 1)]) == 1  # 3#1 was buffered; 4#1 is still on its way
+    assert len(buffer) == 0
+    assert not buffer.add(_group(4, attempt=1))  # arrives after the controller superseded it
+    assert buffer.add(_group(4, attempt=2))
+    assert buffer.superseded == 2 and buffer.duplicates == 0
+
+
+def test_attempt_zero_means_whichever_arrived_last():
+    buffer = GroupBuffer()
+    buffer.add(_group(5, attempt=1))
+    buffer.add(_group(5, attempt=2))
+    (got,) = buffer.wait_for([(5, 0)], timeout_s=0.01)
+    assert got.attempt == 2

@@ -245,11 +245,25 @@ class _FailingPublisher(WeightPublisher):
         raise RuntimeError("disk on fire")
 
 
+def test_a_request_that_fails_inside_the_publisher_is_answered_and_serving_goes_on():
+    with _FailingPublisher(chunk_bytes=CHUNK) as pub:
+        pub.publish(1, _state_dict())
+        with pytest.raises(WeightTransferError, match="RuntimeError") as info:
+            fetch_weights(pub.address, 1, timeout_s=10)
+        assert info.value.reason == "internal"
+        pub.publish(2, _state_dict())  # the loop lives on
+        assert pub.snapshot_counts()["requests_refused/internal"] >= 1
+
+
+class _BrokenLoopPublisher(WeightPublisher):
+    def _expire_sessions(self, now: float) -> None:
+        raise RuntimeError("disk on fire")
+
+
 def test_a_failed_serving_loop_is_raised_on_the_next_call():
-    pub = _FailingPublisher(chunk_bytes=CHUNK)
-    pub.publish(1, _state_dict())
-    with pytest.raises(WeightTransferError, match="timed out"):
-        fetch_weights(pub.address, 1, timeout_s=1)
+    pub = _BrokenLoopPublisher(chunk_bytes=CHUNK)
+    pub._thread.join(30)  # the loop's first session expiry check fails, about 1 s after the start
+    assert not pub._thread.is_alive()
     with pytest.raises(WeightTransferError, match=r"serving loop failed.*disk on fire"):
         pub.publish(2, _state_dict())
     with pytest.raises(WeightTransferError, match=r"serving loop failed.*disk on fire"):
@@ -299,8 +313,8 @@ def test_malformed_requests_get_clear_errors_and_the_publisher_keeps_serving(pub
         assert error(ask(b"pickle", b"\x80\x04"))["reason"] == "protocol"
         assert "bad manifest request" in error(ask(PROTOCOL, b"manifest", b"{not json"))["message"]
         assert error(ask(PROTOCOL, b"frobnicate"))["message"] == "unknown request b'frobnicate'"
-        request = json.dumps({"version": 1, "auth_token": None}).encode()
-        kind, session, _, _ = ask(PROTOCOL, b"manifest", request)
+        request = json.dumps({"version": 1}).encode()
+        kind, session, _, _ = ask(PROTOCOL, b"manifest", b"", request)  # [token (none), request]
         assert kind == b"manifest"
         big = list(sd).index("big")
         too_long = struct.pack("<IQQ", big, 0, CHUNK + 1)  # more than chunk_bytes at once

@@ -1,0 +1,48 @@
+import subprocess
+import sys
+import time
+
+from fleetrl.up.supervisor import Child, Supervisor
+
+# A child that, on SIGTERM, records which of the run's children (pids.txt) are still alive, then exits.
+SCRIPT = """
+import os, signal, sys, time
+name, workdir = sys.argv[1], sys.argv[2]
+def stop(*_):
+    alive = []
+    for line in open(os.path.join(workdir, "pids.txt")).read().split():
+        kind, pid = line.split("=")
+        try:
+            os.kill(int(pid), 0)
+            alive.append(kind)
+        except ProcessLookupError:
+            pass
+    with open(os.path.join(workdir, "stops.txt"), "a") as fh:
+        fh.write(name + " " + ",".join(alive) + "\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(os.path.join(workdir, name + ".up"), "w").close()
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stop_all_stops_one_kind_at_a_time_newest_first(tmp_path):
+    sup = Supervisor(tmp_path)
+    kinds = ["inference", "trainer", "controller", "gateway"]  # the order fleetrl up starts them in
+    for kind in kinds:
+        argv = [sys.executable, "-c", SCRIPT, kind, str(tmp_path)]
+        process = subprocess.Popen(argv, start_new_session=True)
+        sup.children.append(Child(kind, kind, argv, tmp_path / f"{kind}.log", process))
+    (tmp_path / "pids.txt").write_text(" ".join(f"{c.kind}={c.pid}" for c in sup.children))
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"{k}.up").exists() for k in kinds) and time.monotonic() < deadline:
+        time.sleep(0.02)  # each child has installed its SIGTERM handler
+    sup.stop_all(grace_s=30)
+    stops = [line.split(" ") for line in (tmp_path / "stops.txt").read_text().splitlines()]
+    assert [name for name, _ in stops] == ["gateway", "controller", "trainer", "inference"]
+    alive_at_stop = {name: alive.split(",") for name, alive in stops}
+    # The trainer was told to stop after the controller had exited, while the replica still served.
+    assert alive_at_stop["trainer"] == ["inference", "trainer"]
+    assert alive_at_stop["controller"] == ["inference", "trainer", "controller"]
+    assert all(c.poll() == 0 for c in sup.children)
