@@ -1,8 +1,11 @@
 """The member registry: who is in the run, who is alive, which inference replicas may be routed to.
 
 A member registers with a kind and an address and heartbeats; one silent for longer than
-`heartbeat_timeout_s` is dead. An inference replica that fails or times out a weight push is fenced: no rollouts
-are routed to it until a later push to it succeeds (it has caught up). Time comes from the caller.
+`heartbeat_timeout_s` is dead. Registering again at the same address refreshes the entry; at another address it
+is a restarted process and replaces the entry (an inference replica then serves the base model again). An
+inference replica that fails or times out a weight push, stops answering, or serves an older version than the run's
+is fenced: no rollouts are routed to it until it serves the current version (the controller pushes it). Time comes
+from the caller.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ class MemberRegistry:
         if kind in ("inference", "trainer", "reference") and not address:
             raise ValueError(f"a {kind} member must give the address it serves at")
         existing = self.members.get(member_id)
-        if existing is not None and existing.kind == kind:
-            existing.address, existing.last_seen = address, now
+        if existing is not None and existing.kind == kind and existing.address == address:
+            existing.last_seen = now
             return existing
+        # New, or back at another address: a restarted process, which starts from the base model (`version`)
+        # and has answered no poll yet, whatever the entry it replaces knew.
         member = Member(kind, member_id, address, now, version=version)
         self.members[member_id] = member
         return member

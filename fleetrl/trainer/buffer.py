@@ -33,13 +33,15 @@ class MissingGroupsError(TimeoutError):
 class GroupBuffer:
     """Groups by (row id, attempt), in arrival order."""
 
-    def __init__(self, is_trained: Callable[[int], bool] = lambda row_id: False) -> None:
+    def __init__(self, is_trained: Callable[[int], bool] = lambda row_id: False, capacity: int | None = None) -> None:
         self._is_trained = is_trained
+        self.capacity = capacity  # groups held at most: a flood of stray groups cannot exhaust memory
         self._groups: OrderedDict[GroupKey, RolloutGroup] = OrderedDict()
         self._superseded: set[GroupKey] = set()
         self._cond = threading.Condition()
         self.duplicates = 0  # a second copy of a buffered attempt, or a group of a trained row
         self.superseded = 0  # groups evicted or refused because the controller superseded their attempt
+        self.refused_full = 0  # groups refused because the buffer held `capacity` groups
 
     def __len__(self) -> int:
         with self._cond:
@@ -53,6 +55,9 @@ class GroupBuffer:
                 return False
             if group.key in self._groups or self._is_trained(group.row_id):
                 self.duplicates += 1
+                return False
+            if self.capacity is not None and len(self._groups) >= self.capacity:
+                self.refused_full += 1
                 return False
             self._groups[group.key] = group
             self._cond.notify_all()

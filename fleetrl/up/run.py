@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from fleetrl.config import Config, ConfigError, parse_override
+from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
+from fleetrl.up.auth import run_auth_token
 from fleetrl.up.config import UpConfig
 from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
 from fleetrl.up.log_dir import LogDirError, prepare_log_dir
 from fleetrl.up.progress import Progress
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
-
-EXIT_CIRCUIT_OPEN = 3
 
 
 def user_spec(spec: str, config_dir: Path) -> str:
@@ -93,8 +93,9 @@ def launch(
     env = {
         "PYTHONPATH": os.pathsep.join(filter(None, [str(config_path.parent.resolve()), os.environ.get("PYTHONPATH")]))
     }
-    if up.auth_token:
-        env["FLEETRL_AUTH_TOKEN"] = up.auth_token
+    token = run_auth_token(up.auth_token, log_dir, attach=up.controller_address is not None)
+    if token:  # on by default: every child requires it, so no other local process can call or inject
+        env["FLEETRL_AUTH_TOKEN"] = token
     threads = _thread_plan(run, up)
     if threads is not None:
         env.update(threads.env("light"))  # controller and gateways; compute services get their share below
@@ -243,6 +244,10 @@ def _watch(
                 if code == EXIT_CIRCUIT_OPEN:
                     raise ServiceFailed(
                         child, f"{child.name}: circuit breaker open (the rollout function keeps failing)"
+                    )
+                if code == EXIT_USER_CODE:  # deterministic: a restart would fail the same way
+                    raise ServiceFailed(
+                        child, f"{child.name}: cannot load the user's code (rollout, evaluation, filter)"
                     )
                 if restarts >= up.max_gateway_restarts:
                     raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")

@@ -6,16 +6,18 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 import grpc
 from google.protobuf.json_format import MessageToDict
 
 from fleetrl.rpc import open_channel
+from fleetrl.up.auth import read_run_token
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 
-async def fetch_status(address: str, timeout_s: float = 5.0) -> dict:
-    async with open_channel(address) as channel:
+async def fetch_status(address: str, timeout_s: float = 5.0, auth_token: str | None = None) -> dict:
+    async with open_channel(address, auth_token) as channel:
         stub = controller_pb2_grpc.ControllerStub(channel)
         reply = await stub.GetStatus(controller_pb2.GetStatusRequest(), timeout=timeout_s)
     return MessageToDict(reply, preserving_proto_field_name=True)
@@ -23,11 +25,23 @@ async def fetch_status(address: str, timeout_s: float = 5.0) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetrl status", description=__doc__)
-    parser.add_argument("address", nargs="?", default="127.0.0.1:50050", help="controller HOST:PORT")
+    parser.add_argument("address", nargs="?", help="controller HOST:PORT (default: --run's, else 127.0.0.1:50050)")
+    parser.add_argument(
+        "--run", type=Path, metavar="LOG_PATH", help="a `fleetrl up` run's log folder: its controller and auth token"
+    )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
+    token = read_run_token(args.run) if args.run else None
+    if args.address is None and args.run is not None:
+        try:
+            info = json.loads((args.run / "ready" / "controller.json").read_text())
+            args.address = f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"fleetrl status: no running controller in {args.run}: {exc}", file=sys.stderr)
+            return 1
+    args.address = args.address or "127.0.0.1:50050"
     try:
-        status = asyncio.run(fetch_status(args.address))
+        status = asyncio.run(fetch_status(args.address, auth_token=token))
     except grpc.aio.AioRpcError as exc:
         print(f"fleetrl status: controller at {args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1

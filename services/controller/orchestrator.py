@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from fleetrl.config import Config
-from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 
 UNRESPONSIVE_POLLS = 2  # a replica that misses this many Status polls in a row is fenced (hung, stopped)
+# A weight push that fails with these did not reach a serving replica (it is down, restarting or hung), as opposed
+# to one that answered and refused the weights.
+GONE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 
 
 class RunFailed(RuntimeError):
@@ -74,6 +77,10 @@ class Orchestrator:
         self.stop_requested = False  # SIGINT/SIGTERM: stop after the step in flight (request_stop)
         self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
         self.pushed_version = 0  # the version every replica must serve: the last this process pushed (none yet)
+        self.weights_source = ""  # where the replicas fetched it from (the trainer's weight stream)
+        # The weight load in flight to each replica (a push, or a catch-up of a replica that joined or came back):
+        # one at a time per replica.
+        self._loading: dict[str, tuple[Member, asyncio.Task[None]]] = {}
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
         self.finished = False
         self.error = ""
@@ -130,6 +137,8 @@ class Orchestrator:
                     # It answers and serves the current version (caught up, came back, or joined and was pushed).
                     log.info("replica %s serves version %d again: back in rotation", member.member_id, loaded)
                     self.members.loaded(member.member_id, loaded)
+                if member.fenced and loaded < self.pushed_version:
+                    self.catch_up(member, loaded)
             else:
                 stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
                 status = await stub.Status(trainer_pb2.TrainerStatusRequest(), timeout=self.heartbeat_interval_s)
@@ -143,6 +152,56 @@ class Orchestrator:
                 log.warning("fenced replica %s: %s; its rollouts go to the other replicas", member.member_id, reason)
             else:
                 log.debug("%s %s did not answer Status: %s", member.kind, member.member_id, exc.code().name)
+
+    def _load_in_flight(self, member: Member) -> bool:
+        entry = self._loading.get(member.member_id)
+        if entry is None or entry[1].done():
+            return False
+        if entry[0] is not member:  # a load to the process this member id named before it restarted
+            entry[1].cancel()
+            return False
+        return True
+
+    def catch_up(self, member: Member, loaded: int) -> None:
+        """Push the current version to a fenced replica that answers but serves an older one (it joined the run,
+        restarted, or missed a push), in the background; it is routable again once loaded."""
+        if not self.weights_source or self._load_in_flight(member):
+            return
+        version, source = self.pushed_version, self.weights_source
+        log.info("replica %s serves version %d, the run is at %d: pushing it", member.member_id, loaded, version)
+
+        async def load() -> None:
+            stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+            request = inference_pb2.LoadWeightsRequest(
+                version=version, source=source, timeout_s=self.weight_push_timeout_s
+            )
+            try:
+                reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+            except grpc.aio.AioRpcError as exc:  # it stays fenced; the next poll tries again
+                log.warning(
+                    "replica %s did not load version %d: %s: %s",
+                    member.member_id,
+                    version,
+                    exc.code().name,
+                    exc.details(),
+                )
+                return
+            if self.members.members.get(member.member_id) is not member:
+                return  # it restarted meanwhile: the new process starts from the base model
+            if reply.version >= self.pushed_version:
+                log.info("replica %s loaded version %d: back in rotation", member.member_id, reply.version)
+                self.members.loaded(member.member_id, reply.version)
+            else:  # a newer version was published meanwhile: the next poll pushes that one
+                member.version = int(reply.version)
+
+        self._loading[member.member_id] = (member, asyncio.create_task(load(), name=f"catch-up-{member.member_id}"))
+
+    async def _cancel_loads(self) -> None:
+        tasks = [task for _, task in self._loading.values()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._loading.clear()
 
     def release_dead_gateways(self) -> None:
         """A gateway that stopped heartbeating is gone: its rows go back to the queue at once."""
@@ -244,6 +303,7 @@ class Orchestrator:
             self.finished = True
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
+            await self._cancel_loads()
 
     def check_stalled(self) -> None:
         """A run where no row is reported and no step trained for `stall_timeout_s` is hung: fail it, saying what
@@ -298,14 +358,20 @@ class Orchestrator:
             await self.evaluate(self.scheduler.gate.version, wait=False)
 
     async def push_weights(self, version: int, source: str) -> float:
-        """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures."""
+        """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures.
+
+        With no replica answering (the only one restarting) the run waits: the poller pushes the version to each
+        replica that answers again. Only replicas that all answered and refused the weights fail the run."""
         t0 = self.clock()
-        replicas = self.members.alive("inference", self.clock())
-        if not replicas:
-            raise RunFailed(f"no live inference replica to push version {version} to")
-        # One that is not answering Status is skipped (it stays fenced; once it answers, the next push or the
-        # poller brings it back).
-        replicas = [m for m in replicas if m.missed_polls < UNRESPONSIVE_POLLS]
+        self.weights_source = source
+        # One that is not answering Status is skipped (it stays fenced; once it answers, the poller catches it
+        # up), and so is one still loading an older version (the poller pushes this one after).
+        replicas = [
+            m
+            for m in self.members.alive("inference", self.clock())
+            if m.missed_polls < UNRESPONSIVE_POLLS and not self._load_in_flight(m)
+        ]
+        refused: list[str] = []
 
         async def push(member: Any) -> None:
             stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
@@ -314,6 +380,8 @@ class Orchestrator:
             )
             try:
                 reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+                if self.members.members.get(member.member_id) is not member:
+                    return  # it restarted during the push: the new process is caught up by the poller
                 if member.fenced:
                     log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
                 self.members.loaded(member.member_id, reply.version)
@@ -325,13 +393,18 @@ class Orchestrator:
                     reply.pause_s,
                 )
             except grpc.aio.AioRpcError as exc:
+                if self.members.members.get(member.member_id) is not member:
+                    return
                 reason = f"LoadWeights({version}) failed: {exc.code().name}: {exc.details()}"
                 self.members.fence(member.member_id, reason)
                 log.warning("fenced replica %s: %s", member.member_id, reason)
+                if exc.code() not in GONE_CODES:
+                    refused.append(member.member_id)
 
         # A replica that stops answering Status during the push (hung, SIGSTOP) is fenced by the poller; its
         # LoadWeights is cancelled then instead of holding the gate for the whole push timeout.
         tasks = {asyncio.create_task(push(m), name=f"push-{m.member_id}"): m for m in replicas}
+        self._loading.update({m.member_id: (m, task) for task, m in tasks.items()})
         pending, abandoned = set(tasks), []
         while pending:
             _, pending = await asyncio.wait(pending, timeout=self.heartbeat_interval_s)
@@ -348,8 +421,15 @@ class Orchestrator:
         for task in tasks:
             if not task.cancelled():
                 task.result()  # surface a bug in push()
+        for member in self.members.alive("inference", self.clock()):
+            if member.version < version and not member.fenced:  # e.g. a catch-up to the previous version ended
+                self.members.fence(member.member_id, f"serves version {member.version}, the run is at {version}")
         if not self.members.routable_replicas(self.clock()):
-            raise RunFailed(f"every inference replica failed to load version {version}")
+            if refused and len(refused) == len(tasks):
+                raise RunFailed(f"every inference replica failed to load version {version}")
+            log.warning(
+                "no replica serves version %d yet: rollouts wait until one answers again and has loaded it", version
+            )
         return self.clock() - t0
 
     def request_stop(self) -> None:

@@ -21,6 +21,7 @@ KIND_NAMES = {
     controller_pb2.REFERENCE: "reference",
 }
 KIND_ENUMS = {v: k for k, v in KIND_NAMES.items()}
+DROP_REASONS = ("none", "error", "invalid", "too_long")  # fleetrl.gateway.groups.assemble_group's counters
 OUTCOMES = {controller_pb2.ACCEPTED: "accepted", controller_pb2.REJECTED: "rejected", controller_pb2.FAILED: "failed"}
 
 
@@ -112,6 +113,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 )
             )
             for why, count in report.samples_dropped.items():
+                if why not in DROP_REASONS or count < 0:  # a forged or buggy report cannot invent counters
+                    continue
                 key = f"samples_dropped_{why}"
                 self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
             if results[-1] == "rejected":  # counted once under its cause: a run that trains nothing says why

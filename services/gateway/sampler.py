@@ -5,7 +5,11 @@
     c = completions[0]; c.full_tokens, c.prompt_len, c.inference_logprobs, c.finish_reason, c.text, c.versions
 
 Requests go to the live replica with the fewest calls in flight; a call that fails with UNAVAILABLE,
-DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica with exponential backoff.
+DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica. When no replica is left to try (the only
+one crashed and is restarting, or is being brought to the current version), the call waits with backoff for the
+controller's list to change (the gateway refreshes it while `wants_replicas`), up to `replica_wait_s`: a replica
+restart is a slow call to the rollout, not a failed one. Slow failures (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) are
+tried `max_attempts` times at most.
 
 A call without a `seed` (in its arguments or the run's sample_kwargs) made inside a gateway rollout is seeded from
 the rollout (run seed, row, version, sample index, call index: fleetrl.sampling_seed); elsewhere it is unseeded.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +33,11 @@ from fleetrl.services.inference.engine import SamplingRequest
 
 log = logging.getLogger(__name__)
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+MAX_BACKOFF_S = 2.0
 
 
 class NoReplicaError(RuntimeError):
-    """No live inference replica to sample from."""
+    """No live inference replica to sample from (for `replica_wait_s`): an outage, not the rollout's fault."""
 
 
 @dataclass
@@ -59,6 +65,7 @@ class Sampler:
         request_timeout_s: float = 600.0,
         max_attempts: int = 4,
         backoff_s: float = 0.2,
+        replica_wait_s: float = 300.0,
         default_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
@@ -66,12 +73,14 @@ class Sampler:
         self.request_timeout_s = request_timeout_s
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
+        self.replica_wait_s = replica_wait_s
         self.default_kwargs = dict(default_kwargs or {})
         self._clients: dict[str, InferenceClient] = {}
         self._in_flight: dict[str, int] = {}
         self._routable: list[str] = []
         self.calls = 0
         self.retries = 0
+        self.wants_replicas = False  # a call found no replica to try since the last set_replicas: refresh the list
 
     # --- replicas ------------------------------------------------------------------------------
     def set_replicas(self, addresses: Sequence[str]) -> None:
@@ -81,43 +90,56 @@ class Sampler:
                 self._clients[address] = InferenceClient(address, auth_token=self.auth_token)
                 self._in_flight[address] = 0
         self._routable = [a for a in addresses]
+        self.wants_replicas = False
 
     @property
     def replicas(self) -> list[str]:
         return list(self._routable)
 
-    def _pick(self, avoid: set[str]) -> str:
-        candidates = [a for a in self._routable if a not in avoid] or list(self._routable)
+    def _pick(self, avoid: set[str]) -> str | None:
+        """The least busy routable replica not in `avoid`, or None."""
+        candidates = [a for a in self._routable if a not in avoid]
         if not candidates:
-            raise NoReplicaError("no live inference replica to sample from")
+            return None
         least = min(self._in_flight[a] for a in candidates)
         return random.choice([a for a in candidates if self._in_flight[a] == least])
 
     async def generate(self, request: SamplingRequest) -> list[Any]:
-        """Engine completions for one request, retried on another replica when one is unavailable."""
+        """Engine completions for one request, retried on another replica when one is unavailable, waiting (up
+        to `replica_wait_s`) when none is left to try."""
         tried: set[str] = set()
         self.calls += 1
-        for attempt in range(1, self.max_attempts + 1):
-            try:
-                address = self._pick(tried)
-            except NoReplicaError:
-                if attempt == self.max_attempts:
-                    raise
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))  # the replica list refreshes meanwhile
+        slow_failures, waits = 0, 0
+        deadline = time.monotonic() + self.replica_wait_s
+        last_error: grpc.aio.AioRpcError | None = None
+        while True:
+            address = self._pick(tried)
+            if address is None:  # none routable, or every one failed this call: wait for the list to change
+                self.wants_replicas = True
+                if time.monotonic() >= deadline:
+                    if last_error is not None and self._routable:
+                        raise last_error
+                    raise NoReplicaError(f"no live inference replica to sample from for {self.replica_wait_s:.0f} s")
+                await asyncio.sleep(min(self.backoff_s * 2**waits, MAX_BACKOFF_S))
+                waits += 1
+                tried.clear()  # those that failed may be back (or replaced) by now
                 continue
             self._in_flight[address] += 1
             try:
                 return await self._clients[address].generate(request, timeout_s=self.request_timeout_s)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE or attempt == self.max_attempts:
+                if exc.code() not in RETRYABLE:
                     raise
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    slow_failures += 1
+                    if slow_failures >= self.max_attempts:
+                        raise
                 tried.add(address)
+                last_error = exc
                 self.retries += 1
-                log.warning("replica %s: %s; retrying elsewhere (attempt %d)", address, exc.code().name, attempt)
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
+                log.warning("replica %s: %s; retrying elsewhere (retry %d)", address, exc.code().name, self.retries)
             finally:
                 self._in_flight[address] -= 1
-        raise AssertionError("unreachable")
 
     # --- the cookbook interface -----------------------------------------------------------------
     async def sample_with_prompt_tokens(

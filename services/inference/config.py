@@ -61,6 +61,14 @@ class InferenceConfig(BaseModel):
     shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
     log_level: str = Field("INFO", description="Python log level name.")
     ready_file: str | None = Field(None, description="Write the bound ports here as JSON once serving.")
+    controller_address: str | None = Field(
+        None,
+        description="HOST:PORT of a run's controller to join once serving (Register, then Heartbeat); None = wait "
+        "to be named by the controller's --inference.",
+    )
+    member_id: str | None = Field(
+        None, description="Id to register under (with controller_address); None = inference-<host>-<pid>."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> InferenceConfig:
@@ -78,6 +86,8 @@ class InferenceConfig(BaseModel):
         values = [p for _, p in ports]
         if len(values) != len(set(values)):
             raise ValueError(f"ports must differ: {dict(ports)}")
+        if self.member_id is not None and not self.controller_address:
+            raise ValueError("member_id: an id to register under needs controller_address (--controller)")
         return self
 
     @property

@@ -1,7 +1,11 @@
 """Launcher of the inference server:
 
     fleetrl serve inference --model PATH --engine vllm|hf --grpc-port 50051 --http-port 8000 \\
-        --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics]
+        --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics] \\
+        [--controller HOST:PORT [--member-id ID]]
+
+With --controller the replica joins that run once serving: it registers, heartbeats, and the controller brings it
+to the run's current version before routing rollouts to it.
 
 Flags override the config file. Heavy modules (torch, grpc, vLLM) are imported only after parsing, so
 `--help` is fast. Binds 127.0.0.1 unless --host says otherwise.
@@ -38,6 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, help="engine seed")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     parser.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
+    parser.add_argument("--controller", help="HOST:PORT of a run's controller: join that run once serving")
+    parser.add_argument("--member-id", help="id to register with the controller under (default inference-<host>-<pid>)")
     return parser
 
 
@@ -61,6 +67,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "seed": args.seed,
         "log_level": args.log_level,
         "ready_file": args.ready_file,
+        "controller_address": args.controller,
+        "member_id": args.member_id,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.config is not None:

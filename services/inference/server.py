@@ -15,12 +15,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import signal
+import socket
 from dataclasses import dataclass, field
 
 import grpc
 from prometheus_client import CollectorRegistry
 
+from fleetrl.membership import keep_registered
 from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
 from fleetrl.services.inference.config import InferenceConfig
@@ -223,7 +226,30 @@ async def serve(config: InferenceConfig) -> None:
                     "metrics_port": service.metrics_port,
                 },
             )
+        joined = None
+        if config.controller_address:  # join a run by itself: the controller brings it to the run's version
+            member_id = config.member_id or f"inference-{socket.gethostname()}-{os.getpid()}"
+            joined = asyncio.create_task(
+                keep_registered(
+                    config.controller_address,
+                    "inference",
+                    member_id,
+                    advertised_address(config.host, service.grpc_port),
+                    stop=stop,
+                    auth_token=config.auth_token,
+                )
+            )
         await stop.wait()
         logger.info("shutting down")
+        if joined is not None:  # no need to finish a call in flight to the controller
+            joined.cancel()
+            await asyncio.gather(joined, return_exceptions=True)
     finally:
         await service.stop()
+
+
+def advertised_address(host: str, port: int) -> str:
+    """The gRPC address others reach this server at: a wildcard bind is reached by this machine's name."""
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

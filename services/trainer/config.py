@@ -56,9 +56,15 @@ class TrainerServiceConfig(BaseModel):
     )
     record_groups: str | None = Field(None, description="Append every received group to this JSONL file.")
     group_wait_timeout_s: float = Field(300.0, gt=0, description="TrainStep waits this long for missing groups.")
+    max_buffered_groups: int | None = Field(
+        None, ge=1, description="Groups held at most (None: 8 x (O + 2) x P, at least 256); more are refused."
+    )
     reference_timeout_s: float = Field(300.0, gt=0, description="A ComputeLogprobs call fails after this.")
     dist_timeout_s: float = Field(3600.0, gt=0, description="Collective timeout under torchrun (incl. idle waits).")
-    max_message_mb: int = Field(256, ge=1, description="gRPC / group message size limit in MiB.")
+    max_message_mb: int = Field(256, ge=1, description="gRPC message size limit in MiB.")
+    max_group_mb: int = Field(
+        32, ge=1, description="Rollout group message size limit in MiB (parsing costs ~25x the message in memory)."
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
     stop_checkpoint_wait_s: float = Field(
         120.0,

@@ -34,11 +34,16 @@ class _StreamCollector(Collector):
     """The group stream's counters, read at scrape time."""
 
     def __init__(
-        self, counts: Callable[[], Mapping[str, int]], duplicates: Callable[[], int], superseded: Callable[[], int]
+        self,
+        counts: Callable[[], Mapping[str, int]],
+        duplicates: Callable[[], int],
+        superseded: Callable[[], int],
+        refused_full: Callable[[], int],
     ) -> None:
         self._counts = counts
         self._duplicates = duplicates
         self._superseded = superseded
+        self._refused_full = refused_full
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         counts = self._counts()
@@ -71,6 +76,11 @@ class _StreamCollector(Collector):
             "Groups evicted or refused because the controller superseded their attempt (stale, expired, failed).",
             value=self._superseded(),
         )
+        yield CounterMetricFamily(
+            PREFIX + "groups_refused_full",
+            "Groups refused because the buffer was full (max_buffered_groups): a flood of stray groups.",
+            value=self._refused_full(),
+        )
 
 
 class TrainerMetrics:
@@ -84,6 +94,7 @@ class TrainerMetrics:
         stream_counts: Callable[[], Mapping[str, int]],
         duplicates: Callable[[], int],
         superseded: Callable[[], int] = lambda: 0,
+        refused_full: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry
         self.steps = Counter(PREFIX + "steps", "Optimizer batches trained.", registry=registry)
@@ -94,7 +105,7 @@ class TrainerMetrics:
         Gauge(PREFIX + "buffered_groups", "Groups received, not yet trained.", registry=registry).set_function(
             buffered_groups
         )
-        registry.register(_StreamCollector(stream_counts, duplicates, superseded))
+        registry.register(_StreamCollector(stream_counts, duplicates, superseded, refused_full))
         self._gauges: dict[str, Gauge | None] = {}
 
     def observe_step(self, metrics: Mapping[str, float]) -> None:

@@ -207,7 +207,7 @@ class TrainerService:
     def _on_group(self, group: RolloutGroup) -> None:
         if not self.buffer.add(group):
             logger.warning(
-                "group of row %d attempt %d refused: already buffered, row trained, or attempt superseded",
+                "group of row %d attempt %d refused: already buffered, row trained, attempt superseded, or buffer full",
                 group.row_id,
                 group.attempt,
             )
@@ -363,13 +363,17 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
     if trainer is None:
         trainer = build_trainer(config, DistContext())
     token = resolve_auth_token(config.auth_token)
-    buffer = GroupBuffer(is_trained=trainer.is_trained)
+    run = config.run
+    capacity = config.max_buffered_groups or max(
+        256, 8 * (run.max_head_offpolicy_versions + 2) * run.prompt_groups_per_step
+    )
+    buffer = GroupBuffer(is_trained=trainer.is_trained, capacity=capacity)
     holder: list[TrainerService] = []
     receiver = GroupReceiver(
         lambda group: holder[0]._on_group(group),
         bind=f"tcp://{config.host}:{config.groups_port}",
         auth_token=token,
-        max_message_bytes=config.max_message_mb << 20,
+        max_message_bytes=config.max_group_mb << 20,
     )
     try:
         publisher = WeightPublisher(f"tcp://{config.host}:{config.weights_port}", auth_token=token)
@@ -385,6 +389,7 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
         stream_counts=receiver.snapshot_counts,
         duplicates=lambda: buffer.duplicates,
         superseded=lambda: buffer.superseded,
+        refused_full=lambda: buffer.refused_full,
     )
     health = HealthServicer()
     service = TrainerService(config, trainer, buffer, receiver, publisher, registry, metrics, health)

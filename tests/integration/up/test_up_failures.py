@@ -7,11 +7,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import grpc
 import pytest
 
 from fleetrl.controller.journal import Journal
+from fleetrl.group_stream import GroupSender
+from fleetrl.groups import RolloutGroup
+from fleetrl.rollout import RolloutSample
 from fleetrl.up.status import fetch_status
 from tests.integration.up.conftest import read_metrics, service_pids, start_fleetrl_up, wait_for_steps, write_run
 
@@ -94,11 +98,29 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
     try:
         wait_for_steps(proc, run_dir, 1)
         address = __import__("json").loads((run_dir / "ready" / "controller.json").read_text())["address"]
+        # Auth is on by default: the run's random token is in its log folder, and a client without it is refused.
+        assert (run_dir / "auth_token").stat().st_mode & 0o777 == 0o600
         status = subprocess.run(
-            [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "fleetrl.cli", "status", "--run", str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert status.returncode == 0, status.stderr
         assert "trained steps" in status.stdout and "trainer" in status.stdout and "gateway" in status.stdout
+        refused = subprocess.run(
+            [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
+        )
+        assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
+        # A local process injecting a forged group (row 0, a reward of 1e9) without the token: dropped unread.
+        trainer_info = __import__("json").loads((run_dir / "ready" / "trainer.json").read_text())
+        forged = RolloutSample([1, 2, 3], [0.0, -0.1, -0.1], [0, 1, 1], 1e9)
+        with GroupSender(trainer_info["groups_address"], auth_token="") as sender:
+            sender.send(RolloutGroup(0, 0, [forged, forged], attempt=1))
+        deadline = time.monotonic() + 60
+        while "dropped (auth)" not in (run_dir / "trainer.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "dropped (auth)" in (run_dir / "trainer.log").read_text()
         os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
         _out, err = proc.communicate(timeout=120)
     finally:
@@ -119,3 +141,11 @@ def test_a_run_that_trains_nothing_fails_and_exports_nothing(up_run):
     assert "run finished" not in result.stdout
     assert not (run_dir / "final").exists()
     assert read_metrics(run_dir) == []
+
+
+def test_a_rollout_factory_that_cannot_be_imported_fails_at_start_without_restarts(up_run):
+    result, run_dir = up_run(up={"rollout": "tests.integration.up.no_such_module:make_rollout_fn"}, timeout_s=240)
+    assert result.returncode == 1
+    assert "gateway-0: cannot load the user's code" in result.stderr
+    assert "No module named 'tests.integration.up.no_such_module'" in result.stderr
+    assert not (run_dir / "gateway-r1.log").exists()  # not restarted: an import error is deterministic

@@ -198,9 +198,16 @@ async def test_controller_survives_adversarial_requests(tmp_path):
                 ),
             ]
             await _fuzz_typed(stub, cases, healthy)
+            leased = sorted(ctl.scheduler.leases)
+            assert len(leased) == 4  # the gate's capacity, not 2**31 - 1
+            # Another gateway cannot report gw's rows: late, ignored.
+            intruder = Rows(
+                gateway_id="intruder", reports=[Rep(row_id=r, outcome=controller_pb2.ACCEPTED) for r in leased]
+            )
+            assert list((await stub.ReportRows(intruder)).results) == ["late"] * 4
             status = await stub.GetStatus(controller_pb2.GetStatusRequest())
-            assert status.counters["rows_leased"] == 4  # the gate's capacity, not 2**31 - 1
-            assert status.counters.get("rows_accepted", 0) == 0  # no report above took a row away from "gw"
+            assert status.counters["rows_leased"] == 4 and status.counters.get("rows_accepted", 0) == 0
+            assert sorted(ctl.scheduler.leases) == leased
     finally:
         await ctl.server.stop(0)
         ctl.journal.close()

@@ -69,3 +69,12 @@ def test_help_is_fast_and_imports_nothing_heavy() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--engine" in out.stdout and "HEAVY []" in out.stdout
+
+
+def test_controller_and_member_id_flags_join_a_run() -> None:
+    args = build_parser().parse_args(["--model", "/m", "--controller", "10.0.0.2:50050", "--member-id", "inference-1"])
+    config = config_from_args(args)
+    assert (config.controller_address, config.member_id) == ("10.0.0.2:50050", "inference-1")
+    assert InferenceConfig(model="/m").controller_address is None  # by default it waits to be named
+    with pytest.raises(InferenceConfigError, match="member_id"):
+        InferenceConfig.build({"model": "/m", "member_id": "inference-1"})

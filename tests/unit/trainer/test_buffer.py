@@ -80,3 +80,11 @@ def test_attempt_zero_means_whichever_arrived_last():
     buffer.add(_group(5, attempt=2))
     (got,) = buffer.wait_for([(5, 0)], timeout_s=0.01)
     assert got.attempt == 2
+
+
+def test_a_full_buffer_refuses_and_counts_instead_of_growing():
+    buffer = GroupBuffer(capacity=2)
+    assert buffer.add(_group(1)) and buffer.add(_group(2))
+    assert not buffer.add(_group(3)) and buffer.refused_full == 1 and len(buffer) == 2
+    buffer.discard([1])
+    assert buffer.add(_group(3))
