@@ -11,6 +11,7 @@ reaches `max_failure_rate`. A rollout function that always fails still trips aft
     breaker = CircuitBreaker(window=100, min_attempts=20, max_failure_rate=0.5)
     ticket = breaker.start()          # when the rollout starts
     breaker.record(ok, "why", ticket=ticket)   # when it resolves; raises CircuitOpenError when it trips
+    breaker.discard(ticket)                    # or: it resolved in a way that says nothing about the rollout function
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class CircuitBreaker:
         self.last_failure = ""
         self._next_ticket = 0
         self._next_to_judge = 0  # every ticket below it is in the window (or has left it)
-        self._resolved: dict[int, bool] = {}  # resolved out of start order, waiting for earlier tickets
+        self._resolved: dict[int, bool | None] = {}  # resolved out of start order (None: not judged)
 
     @property
     def is_open(self) -> bool:
@@ -52,6 +53,19 @@ class CircuitBreaker:
         self._next_ticket += 1
         return ticket
 
+    def discard(self, ticket: int) -> None:
+        """A rollout that ended for a reason outside the rollout function (no inference replica to sample from
+        during an outage): it leaves no outcome in the window, so an outage cannot trip the breaker."""
+        self._resolved[ticket] = None
+        self._advance()
+
+    def _advance(self) -> None:
+        while self._next_to_judge in self._resolved:
+            ok = self._resolved.pop(self._next_to_judge)
+            if ok is not None:
+                self.window.append(ok)
+            self._next_to_judge += 1
+
     def record(self, ok: bool, what: str = "", ticket: int | None = None) -> None:
         """Record one rollout's outcome (`ticket` from `start`; None = one that starts and resolves now).
         Raises `CircuitOpenError` when the breaker is (or this outcome makes it) open."""
@@ -60,9 +74,7 @@ class CircuitBreaker:
         if not ok and what:
             self.last_failure = what
         self._resolved[ticket] = ok
-        while self._next_to_judge in self._resolved:
-            self.window.append(self._resolved.pop(self._next_to_judge))
-            self._next_to_judge += 1
+        self._advance()
         if self.reason is None and len(self.window) >= self.min_attempts:
             failures = self.window.count(False)
             if failures / len(self.window) >= self.max_failure_rate:

@@ -39,6 +39,12 @@ class UpConfig(BaseModel):
     gateway_args: list[str] = Field(default_factory=list, description="Extra flags for each gateway.")
     controller_args: list[str] = Field(default_factory=list, description="Extra flags for the controller.")
     max_gateway_restarts: int = Field(5, ge=0, description="Crashed gateways replaced at most this many times.")
+    max_replica_restarts: int = Field(
+        5,
+        ge=0,
+        description="Crashed inference replicas restarted at most this many times (in all); a restarted one rejoins "
+        "the run under its old member id and serves once the controller has pushed it the current version.",
+    )
     split_cpu_threads: bool = Field(
         True,
         description="Share the CPU cores between trainer, hf replicas and reference (OMP_NUM_THREADS each) unless "

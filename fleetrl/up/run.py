@@ -16,7 +16,9 @@ once. A run that trains nothing fails with the reason (e.g. every prompt longer 
 nothing.
 
 Each child's log is `<log_path>/<service>.log`. A crashed service stops the run with its log tail and a non-zero
-exit; a crashed gateway is replaced (unless its circuit breaker opened: the rollout function is broken).
+exit; a crashed gateway is replaced (unless its circuit breaker opened: the rollout function is broken), and a
+crashed inference replica is restarted (`max_replica_restarts`): it rejoins the run through the controller, which
+pushes it the current version before routing rollouts to it.
 """
 
 from __future__ import annotations
@@ -224,7 +226,7 @@ def _watch(
     stop_requested: list[int],
 ) -> int:
     metrics_path = progress.path
-    restarts = 0
+    restarts = replica_restarts = 0
     while True:
         progress.update()
         if stop_requested:
@@ -256,6 +258,12 @@ def _watch(
                 name = f"gateway-r{restarts}"
                 print(f"\nfleetrl up: {child.name} exited with {code}; starting {name}", file=sys.stderr)
                 gateways.append(sup.start(name, "gateway", child.argv[5:], ready=False))  # same role, same flags
+            elif child.kind == "inference" and controller is not None:
+                if replica_restarts >= up.max_replica_restarts:
+                    raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")
+                replica_restarts += 1
+                sup.children.remove(child)
+                restart_replica(sup, child, controller.info["address"], replica_restarts)
             else:
                 raise ServiceFailed(child, f"{child.name} exited with code {code}")
         if controller is not None and (code := controller.poll()) is not None:
@@ -271,6 +279,34 @@ def _watch(
         if controller is None and all(g.poll() is not None for g in gateways):
             return 0 if all(g.poll() == 0 for g in gateways) else 1
         time.sleep(0.25)
+
+
+def restart_replica(sup: Supervisor, child: Child, controller_address: str, restart: int) -> Child:
+    """Start a crashed replica again with its flags and environment, on new ports, joining the run under its old
+    member id (`inference-<i>`, the id the controller gave it from `--inference`): the controller pushes it the
+    current version before routing rollouts to it. The run goes on meanwhile on the other replicas, or waits."""
+    args = _without_flags(child.argv[5:], ("--ready-file", "--controller", "--member-id"))
+    member_id = _flag_value(child.argv, "--member-id") or child.name
+    name = f"{member_id}-r{restart}"
+    print(
+        f"\nfleetrl up: {child.name} exited with {child.poll()}; starting {name} (rejoins as {member_id})",
+        file=sys.stderr,
+    )
+    args += ["--controller", controller_address, "--member-id", member_id]
+    return sup.start(name, "inference", args, env=child.env)
+
+
+def _without_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
+    """`args` without each `--flag V` (or `--flag=V`) of `flags`."""
+    out, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif not arg.startswith(tuple(f"{f}=" for f in flags)):
+            out.append(arg)
+    return out
 
 
 def run_failure(controller_log: Path) -> str | None:

@@ -26,6 +26,7 @@ class Child:
     process: subprocess.Popen[bytes]
     ready_file: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment (a restart reuses it)
 
     @property
     def pid(self) -> int:
@@ -93,7 +94,7 @@ class Supervisor:
                 start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
                 preexec_fn=_die_with_parent,
             )
-        child = Child(name, kind, argv, log_path, process, ready_file)
+        child = Child(name, kind, argv, log_path, process, ready_file, env=dict(env or {}))
         self.children.append(child)
         return child
 

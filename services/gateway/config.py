@@ -33,6 +33,12 @@ class GatewayConfig(BaseModel):
     generate_timeout_s: float = Field(
         120.0, gt=0, description="One Generate call fails after this and is retried on another replica."
     )
+    replica_wait_s: float = Field(
+        300.0,
+        gt=0,
+        description="A Generate call with no routable replica (the only one restarting or catching up) waits this "
+        "long for one before it fails; such a failure is an outage, not counted by the circuit breaker.",
+    )
     eval_timeout_s: float = Field(
         1800.0, gt=0, description="The evaluation hook is cancelled (and reported failed) after this."
     )

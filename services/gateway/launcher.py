@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rollout-timeout", type=float, help="seconds before a whole rollout is cancelled and dropped (default 600)"
     )
     parser.add_argument("--generate-timeout", type=float, help="seconds per Generate call, then retried (default 120)")
+    parser.add_argument(
+        "--replica-wait", type=float, help="seconds a Generate call waits for a routable replica (default 300)"
+    )
     parser.add_argument("--breaker-window", type=int, help="circuit breaker: rollouts judged (default 100)")
     parser.add_argument("--breaker-min-attempts", type=int, help="circuit breaker: outcomes needed (default 20)")
     parser.add_argument(
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_rows_in_flight": args.max_rows_in_flight,
                     "rollout_timeout_s": args.rollout_timeout,
                     "generate_timeout_s": args.generate_timeout,
+                    "replica_wait_s": args.replica_wait,
                     "breaker_window": args.breaker_window,
                     "breaker_min_attempts": args.breaker_min_attempts,
                     "breaker_max_failure_rate": args.breaker_max_failure_rate,

@@ -137,7 +137,9 @@ class Sampler:
                 tried.add(address)
                 last_error = exc
                 self.retries += 1
-                log.warning("replica %s: %s; retrying elsewhere (retry %d)", address, exc.code().name, self.retries)
+                # Once per replica and call; a call going round the list again while one restarts logs quietly.
+                level = logging.WARNING if waits == 0 else logging.DEBUG
+                log.log(level, "replica %s: %s; retrying (elsewhere if another is routable)", address, exc.code().name)
             finally:
                 self._in_flight[address] -= 1
 

@@ -4,8 +4,12 @@ the trainer over ZeroMQ, report every row's outcome to the controller.
 Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no or unavailable replica)
 are retried with backoff; other exceptions drop the sample, with the traceback logged once per error type; the
 circuit breaker stops the gateway when half of the last 100 rollouts (in start order, at least 20) failed (exit code
-3; fleetrl.gateway.circuit_breaker). A rollout past `rollout_timeout_s` is cancelled, dropped and counted, not
-retried; one Generate call has its own `generate_timeout_s` (retried on another replica).
+3; fleetrl.gateway.circuit_breaker). While no replica is routable (the only one restarting) Generate calls wait for
+one (the sampler, up to `replica_wait_s`) and the replica list is refreshed even with every row slot busy; a rollout
+that still finds none is an outage, not the rollout function's failure: the breaker does not count it, and a row
+that lost samples to it is reported FAILED (leased again later) rather than rejected. A rollout past
+`rollout_timeout_s` is cancelled, dropped and counted, not retried; one Generate call has its own
+`generate_timeout_s` (retried on another replica).
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ class Gateway:
             self.tokenizer,
             auth_token=self.config.auth_token,
             request_timeout_s=self.config.generate_timeout_s,
+            replica_wait_s=self.config.replica_wait_s,
             default_kwargs=self.run_cfg.sample_kwargs,
         )
         setup = RolloutSetup(
@@ -141,9 +146,9 @@ class Gateway:
                 heartbeat = await self._heartbeat_if_due()
                 if heartbeat is not None:
                     self._maybe_evaluate(heartbeat.evaluate_version, tasks)
-                want = self.config.rows_in_flight - len(tasks)
+                want = max(self.config.rows_in_flight - len(tasks), 0)
                 reply = None
-                if want > 0:
+                if want > 0 or self.sampler.wants_replicas:  # max_rows 0: only the routable replicas
                     reply = await self._call(
                         self.stub.LeaseRows, controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want)
                     )
@@ -265,6 +270,10 @@ class Gateway:
                 log.warning("row %d: %s", leased.row_id, exc)
                 report.outcome, report.reason = controller_pb2.FAILED, str(exc)
                 self.counters["rows_failed"] += 1
+        elif any(isinstance(r, NoReplicaError) for r in results):
+            # Samples lost to an inference outage say nothing about the row: lease it again later.
+            report.outcome, report.reason = controller_pb2.FAILED, f"no inference replica ({assembled.reason})"
+            self.counters["rows_failed"] += 1
         else:
             report.outcome, report.reason = controller_pb2.REJECTED, assembled.reason
             self.counters["rows_rejected"] += 1
@@ -321,6 +330,10 @@ class Gateway:
                         self.counters["rollouts_retried"] += 1
                         await asyncio.sleep(0.2 * 2 ** (attempt - 1))
                         continue
+                    if isinstance(exc, NoReplicaError):  # an outage: not the rollout function's failure
+                        self.counters["rollouts_no_replica"] += 1
+                        self.breaker.discard(ticket)
+                        return exc
                     return self._failed(exc, ticket)
                 except asyncio.CancelledError:
                     raise

@@ -147,3 +147,18 @@ def make_flaky_rollout_fn(setup: RolloutSetup):
         return await inner(row)
 
     return rollout_fn
+
+
+def make_held_rollout_fn(setup: RolloutSetup):
+    """The plain rollout, whose "tool call" after sampling waits while `extras["hold_file"]` exists: a test holds
+    the run still (no row finishes, no step) while it changes the replicas under it."""
+    inner = make_rollout_fn(setup)
+    hold = Path(setup.extras["hold_file"])
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        sample = await inner(row)
+        while hold.exists():
+            await asyncio.sleep(0.05)
+        return sample
+
+    return rollout_fn

@@ -72,3 +72,137 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
     steps = [m for m in read_metrics(run_dir) if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 41))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
+
+
+def replica_status(address: str, token: str):
+    import grpc
+
+    from fleetrl.v1 import inference_pb2, inference_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        return stub.Status(inference_pb2.StatusRequest(), metadata=[("authorization", f"Bearer {token}")], timeout=10)
+
+
+def wait_for_pattern(path, pattern: str, proc, after: int = 0, timeout_s: float = 240) -> str:
+    """The first match of `pattern` in `path` past byte `after` (fails if `proc` exits or time runs out)."""
+    import re
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        match = re.search(pattern, path.read_bytes()[after:].decode(errors="replace")) if path.exists() else None
+        if match:
+            return match.group(0)
+        time.sleep(0.2)
+    raise AssertionError(f"{pattern!r} not in {path.name} within {timeout_s} s")
+
+
+def held_run(tmp_path, tiny_model_dir, max_steps: int, replicas: int):
+    """A run whose rollouts wait after sampling while `hold` exists (the test holds it still around a change)."""
+    hold = tmp_path / "hold"
+    extras = {"hold_file": str(hold)}
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": max_steps, "max_head_offpolicy_versions": 1, "rollout_extras": extras},
+        {"rollout": "tests.integration.up.rollouts:make_held_rollout_fn", "replicas": replicas},
+        n_rows=3 * max_steps,
+    )
+    return config, hold
+
+
+def test_a_killed_replica_is_restarted_rejoins_and_no_row_is_lost_or_trained_twice(tmp_path, tiny_model_dir):
+    from tests.integration.up.test_up_modes import check_ledger
+
+    config, hold = held_run(tmp_path, tiny_model_dir, max_steps=10, replicas=2)
+    run_dir = tmp_path / "run"
+    controller_log = run_dir / "controller.log"
+    proc = start_fleetrl_up(config)
+    try:
+        wait_for_steps(proc, run_dir, 3)
+        hold.touch()  # the run stays at this step until the restarted replica is back in rotation
+        killed_at = controller_log.stat().st_size
+        os.kill(replica_pid(run_dir, 0), signal.SIGKILL)
+        # fleetrl up restarts it on new ports; it registers as inference-0 at its new address (version 0, fenced)
+        # and the controller pushes it the current version.
+        wait_for_pattern(controller_log, r"replica inference-0 .*back in rotation", proc, after=killed_at)
+        hold.unlink()
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "inference-0 exited with -9; starting inference-0-r1 (rejoins as inference-0)" in err
+    restarted_log = (run_dir / "inference-0-r1.log").read_text()
+    assert "registered with the controller as inference inference-0" in restarted_log
+    assert "loaded weights version" in restarted_log
+    steps = [m for m in read_metrics(run_dir) if "loss" in m]
+    assert [m["step"] for m in steps] == list(range(1, 11))
+    check_ledger(run_dir, steps=10, groups_per_step=2)  # every row trained exactly once
+
+
+def test_with_its_only_replica_killed_the_run_waits_for_the_restart_and_loses_no_row(tmp_path, tiny_model_dir):
+    from tests.integration.up.test_up_modes import check_ledger
+
+    config, _ = held_run(tmp_path, tiny_model_dir, max_steps=8, replicas=1)
+    run_dir = tmp_path / "run"
+    proc = start_fleetrl_up(config)
+    try:
+        wait_for_steps(proc, run_dir, 3)
+        os.kill(replica_pid(run_dir, 0), signal.SIGKILL)  # nothing can be sampled until the restart is caught up
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "starting inference-0-r1 (rejoins as inference-0)" in err
+    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == list(range(1, 9))
+    check_ledger(run_dir, steps=8, groups_per_step=2)
+    gateway_log = (run_dir / "gateway-0.log").read_text()
+    # Calls waited for the restarted replica: no rollout failed, so no breaker count and no rejected row.
+    assert "rollout raised" not in gateway_log and "circuit breaker" not in gateway_log
+
+
+def test_a_replica_started_by_hand_joins_a_running_run_and_takes_traffic(tmp_path, tiny_model_dir):
+    import json
+    import sys
+
+    from fleetrl.ready_file import wait_ready_file
+    from tests.integration.up.conftest import REPO
+
+    config, hold = held_run(tmp_path, tiny_model_dir, max_steps=12, replicas=2)
+    run_dir = tmp_path / "run"
+    proc = start_fleetrl_up(config)
+    extra = None
+    try:
+        wait_for_steps(proc, run_dir, 2)
+        hold.touch()  # held still while the third replica starts and is brought to the current version
+        controller = json.loads((run_dir / "ready" / "controller.json").read_text())["address"]
+        token = (run_dir / "auth_token").read_text().strip()
+        ready = tmp_path / "extra.json"
+        argv = [sys.executable, "-m", "fleetrl.cli", "serve", "inference", "--model", tiny_model_dir]
+        argv += ["--engine", "hf", "--grpc-port", "0", "--no-http", "--no-metrics", "--ready-file", str(ready)]
+        argv += ["--controller", controller, "--member-id", "inference-extra"]
+        env = {**os.environ, "FLEETRL_AUTH_TOKEN": token, "OMP_NUM_THREADS": "1"}
+        with open(tmp_path / "extra.log", "wb") as log:
+            extra = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        address = f"127.0.0.1:{wait_ready_file(ready, 240, extra)['grpc_port']}"
+        line = wait_for_pattern(run_dir / "controller.log", r"replica inference-extra .*back in rotation", proc)
+        pushed = int(line.split("version ")[1].split()[0].rstrip(":"))
+        assert pushed >= 2 and replica_status(address, token).loaded_version >= pushed  # brought to the run's version
+        hold.unlink()
+        deadline = time.monotonic() + 240
+        while replica_status(address, token).requests == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)  # its counter outlives the run: no race with the run's end
+        assert replica_status(address, token).requests > 0, "the joined replica took no rollouts"
+        extra.terminate()  # it leaves the run: fenced after missed polls, calls to it retried on the others
+        extra.wait(timeout=60)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        if extra is not None and extra.poll() is None:
+            extra.kill()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "registered with the controller as inference inference-extra" in (tmp_path / "extra.log").read_text()
+    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == list(range(1, 13))

@@ -57,3 +57,16 @@ def test_outcomes_wait_for_earlier_starts_and_bad_settings_are_refused():
     assert list(cb.window) == [True, False] and not cb.is_open  # 1 of 2 < 0.6
     with pytest.raises(ValueError, match="min_attempts=30"):
         CircuitBreaker(window=20, min_attempts=30)
+
+
+def test_discarded_rollouts_leave_no_outcome_and_do_not_hold_up_later_ones():
+    # Rollouts that found no inference replica during an outage (a replica restarting) are not the rollout
+    # function's failures: 30 of them in a row do not trip a breaker that trips at 20 failures.
+    cb = CircuitBreaker(window=100, min_attempts=20, max_failure_rate=0.5)
+    tickets = [cb.start() for _ in range(32)]
+    for t in tickets[:30]:
+        cb.discard(t)
+    cb.record(True, ticket=tickets[31])
+    assert len(cb.window) == 0 and cb.in_flight == 1  # the 31st still runs: the 32nd waits for it
+    cb.record(False, "KeyError", ticket=tickets[30])
+    assert list(cb.window) == [False, True] and not cb.is_open and cb.in_flight == 0

@@ -46,3 +46,30 @@ def test_stop_all_stops_one_kind_at_a_time_newest_first(tmp_path):
     assert alive_at_stop["trainer"] == ["inference", "trainer"]
     assert alive_at_stop["controller"] == ["inference", "trainer", "controller"]
     assert all(c.poll() == 0 for c in sup.children)
+
+
+def test_a_crashed_replica_restarts_with_its_flags_on_new_ports_and_rejoins_under_its_member_id(tmp_path):
+    from fleetrl.up.run import restart_replica
+
+    class RecordingSupervisor:
+        def __init__(self) -> None:
+            self.started: list[tuple] = []
+
+        def start(self, name, kind, args, ready=True, *, env=None, nproc=1):
+            self.started.append((name, kind, args, env))
+            argv = [sys.executable, "-m", "fleetrl.cli", "serve", kind, *args, "--ready-file", f"r/{name}.json"]
+            return Child(name, kind, argv, tmp_path / f"{name}.log", crashed, env=dict(env or {}))
+
+    crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(9)"])
+    crashed.wait()
+    flags = ["--model", "/m", "--grpc-port", "0", "--seed", "1"]
+    argv = [sys.executable, "-m", "fleetrl.cli", "serve", "inference", *flags, "--ready-file", "r/inference-1.json"]
+    first = Child("inference-1", "inference", argv, tmp_path / "i.log", crashed, env={"OMP_NUM_THREADS": "1"})
+    sup = RecordingSupervisor()
+    second = restart_replica(sup, first, "127.0.0.1:7000", 1)
+    restart_replica(sup, second, "127.0.0.1:7000", 2)  # it crashed again
+    joined = ["--controller", "127.0.0.1:7000", "--member-id", "inference-1"]
+    assert sup.started == [
+        ("inference-1-r1", "inference", [*flags, *joined], {"OMP_NUM_THREADS": "1"}),
+        ("inference-1-r2", "inference", [*flags, *joined], {"OMP_NUM_THREADS": "1"}),
+    ]
