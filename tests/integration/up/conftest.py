@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -85,3 +87,16 @@ def up_run(tmp_path: Path, tiny_model_dir: str):
         return result, tmp_path / "run"
 
     return run
+
+
+def kill_trainer_after(config: Path, run_dir: Path, steps: int) -> int:
+    """Run `fleetrl up` until `steps` steps are recorded, SIGKILL its trainer, and return `fleetrl up`'s exit code."""
+    proc = start_fleetrl_up(config)
+    try:
+        wait_for_steps(proc, run_dir, steps)
+        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode

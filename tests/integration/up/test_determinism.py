@@ -11,8 +11,6 @@ ended 1.3e-6 apart (two uninterrupted) and 6e-5 apart (resumed), against an upda
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
@@ -21,10 +19,8 @@ from safetensors.torch import load_file
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
 from tests.integration.up.conftest import (
     fleetrl_up,
+    kill_trainer_after,
     read_metrics,
-    service_pids,
-    start_fleetrl_up,
-    wait_for_steps,
     write_run,
 )
 
@@ -77,15 +73,7 @@ def test_two_runs_with_the_same_seed_end_with_the_same_weights(baseline, tmp_pat
 def test_a_killed_and_resumed_run_ends_with_the_uninterrupted_weights(baseline, tmp_path, tiny_model_dir):
     config = write_run(tmp_path, tiny_model_dir, RUN, UP)
     run_dir = tmp_path / "run"
-    proc = start_fleetrl_up(config)
-    try:
-        wait_for_steps(proc, run_dir, 3)
-        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
+    assert kill_trainer_after(config, run_dir, 3) == 1
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     saved = steps_done(checkpoint)

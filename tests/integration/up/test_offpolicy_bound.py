@@ -8,8 +8,6 @@ stale one it received first. Several gateways at O = 0, 1, 2.
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 
@@ -17,10 +15,8 @@ from fleetrl.controller.journal import Journal
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
 from tests.integration.up.conftest import (
     fleetrl_up,
+    kill_trainer_after,
     read_metrics,
-    service_pids,
-    start_fleetrl_up,
-    wait_for_steps,
     write_run,
 )
 
@@ -76,14 +72,7 @@ def test_no_row_is_leased_before_a_resumed_version_is_on_the_replicas(tmp_path, 
         n_rows=40,
     )
     run_dir = tmp_path / "run"
-    proc = start_fleetrl_up(config)
-    try:
-        wait_for_steps(proc, run_dir, 3)
-        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_trainer_after(config, run_dir, 3)
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     resumed_at = json.loads((checkpoint / STATE_FILE).read_text())["steps_done"]

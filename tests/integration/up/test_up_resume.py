@@ -4,7 +4,6 @@ pushes that version to a fresh replica, retrains the steps the checkpoint had no
 from __future__ import annotations
 
 import json
-import os
 import signal
 
 import pytest
@@ -13,8 +12,8 @@ from fleetrl.controller.journal import Journal
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
 from tests.integration.up.conftest import (
     fleetrl_up,
+    kill_trainer_after,
     read_metrics,
-    service_pids,
     start_fleetrl_up,
     wait_for_steps,
     write_run,
@@ -37,15 +36,7 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
         n_rows=40,
     )
     run_dir = tmp_path / "run"
-    proc = start_fleetrl_up(config)
-    try:
-        wait_for_steps(proc, run_dir, 4)
-        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1
+    assert kill_trainer_after(config, run_dir, 4) == 1
     before = [m["step"] for m in read_metrics(run_dir)]
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
@@ -83,14 +74,7 @@ def test_resume_without_a_checkpoint_refuses_unless_the_weights_may_restart(tmp_
         n_rows=40,
     )
     run_dir = tmp_path / "run"
-    proc = start_fleetrl_up(config)
-    try:
-        wait_for_steps(proc, run_dir, 2)
-        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
-        proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_trainer_after(config, run_dir, 2)
     assert latest_checkpoint(run_dir / "checkpoints") is None
     before = read_metrics(run_dir)
     refused = fleetrl_up(config, extra=["--resume"], timeout_s=300)
