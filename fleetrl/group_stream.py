@@ -54,6 +54,7 @@ def group_to_proto(group: RolloutGroup) -> rollout_pb2.RolloutGroup:
         submit_version=group.submit_version,
         source=group.source,
         attempt=group.attempt,
+        lease_tag=group.lease_tag,
     )
     for s in group.samples:
         sample = msg.samples.add(reward=float(s.reward), finish_reason=s.finish_reason or "", text=s.text or "")
@@ -82,7 +83,9 @@ def group_from_proto(msg: rollout_pb2.RolloutGroup) -> RolloutGroup:
         )
         for s in msg.samples
     ]
-    return RolloutGroup(msg.row_id, msg.submit_version, samples, source=msg.source, attempt=msg.attempt)
+    return RolloutGroup(
+        msg.row_id, msg.submit_version, samples, source=msg.source, attempt=msg.attempt, lease_tag=msg.lease_tag
+    )
 
 
 def encode_group(group: RolloutGroup, auth_token: str | None = None) -> list[bytes]:

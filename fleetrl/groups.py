@@ -62,6 +62,7 @@ class RolloutGroup:
     dropped: list[DroppedSample] = field(default_factory=list)
     source: str = ""
     attempt: int = 0
+    lease_tag: int = 0  # the controller's tag of the lease (0 = none): only the tagged group is trained
 
     @property
     def key(self) -> tuple[int, int]:
@@ -94,7 +95,7 @@ def split_valid(group: RolloutGroup, vocab_size: int | None = None) -> RolloutGr
             dropped.append(DroppedSample(i, exc.field_name, f"row {group.row_id} sample {i}: {exc}"))
             continue
         kept.append(sample)
-    return RolloutGroup(group.row_id, group.submit_version, kept, dropped, group.source, group.attempt)
+    return RolloutGroup(group.row_id, group.submit_version, kept, dropped, group.source, group.attempt, group.lease_tag)
 
 
 class GroupFormatError(ValueError):

@@ -17,6 +17,7 @@ All methods take `now` (seconds) from the caller, so the logic is testable witho
 from __future__ import annotations
 
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -48,6 +49,7 @@ class Lease:
     gateway_id: str
     row: dict[str, Any]
     attempt: int
+    tag: int = 0  # random, known to the holder only: the trainer trains a group only with this tag
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class StepAssignment:
     rows: tuple[tuple[int, int], ...]
     version_offsets: tuple[int, ...]
     attempts: tuple[int, ...] = ()
+    tags: tuple[int, ...] = ()
 
     @property
     def row_ids(self) -> tuple[int, ...]:
@@ -69,6 +72,12 @@ class StepAssignment:
         """(row_id, attempt) of each group the step trains (attempt 0 = unknown)."""
         attempts = self.attempts or (0,) * len(self.rows)
         return tuple((r, a) for (r, _), a in zip(self.rows, attempts, strict=True))
+
+    @property
+    def refs(self) -> tuple[tuple[int, int, int], ...]:
+        """(row_id, attempt, lease tag) of each group the step trains (0 = unknown)."""
+        tags = self.tags or (0,) * len(self.rows)
+        return tuple((r, a, t) for (r, a), t in zip(self.groups, tags, strict=True))
 
 
 class RowScheduler:
@@ -97,7 +106,7 @@ class RowScheduler:
         self.leases: dict[int, Lease] = {}
         self.queue: deque[int] = deque()  # row ids waiting to be leased again
         self.attempts: dict[int, int] = {}
-        self.pending: list[tuple[int, int, int, int]] = []  # accepted: (row_id, submit_version, offset, attempt)
+        self.pending: list[tuple[int, int, int, int, int]] = []  # accepted: (row, submit_version, offset, attempt, tag)
         self.superseded: list[tuple[int, int]] = []  # (row_id, attempt) never to be trained; see take_superseded
         self.ready: deque[StepAssignment] = deque()
         self.next_step = gate.version + 1  # the step the next full set of groups becomes
@@ -125,7 +134,8 @@ class RowScheduler:
             assert admission is not None  # can_admit() was checked above
             attempt = self.attempts.get(row_id, 0) + 1
             self.attempts[row_id] = attempt
-            lease = Lease(row_id, admission.submit_version, now + self.lease_timeout_s, gateway_id, row, attempt)
+            tag = secrets.randbits(62) + 1
+            lease = Lease(row_id, admission.submit_version, now + self.lease_timeout_s, gateway_id, row, attempt, tag)
             self.leases[row_id] = lease
             self.counters["rows_leased"] += 1
             self._journal_row(row_id, "leased", lease.submit_version)
@@ -236,7 +246,7 @@ class RowScheduler:
             return "stale"
         self.gate.resolve(lease.row_id, accepted=True)
         self.counters["rows_accepted"] += 1
-        self.pending.append((lease.row_id, lease.submit_version, offset, lease.attempt))
+        self.pending.append((lease.row_id, lease.submit_version, offset, lease.attempt, lease.tag))
         self._journal_row(lease.row_id, "accepted", lease.submit_version)
         self._form_steps()
         return "accepted"
@@ -247,10 +257,14 @@ class RowScheduler:
             step = self.next_step
             self.next_step += 1
             assignment = StepAssignment(
-                step, tuple((r, v) for r, v, _, _ in take), tuple(o for _, _, o, _ in take), tuple(a for *_, a in take)
+                step,
+                tuple((r, v) for r, v, *_ in take),
+                tuple(o for _, _, o, _, _ in take),
+                tuple(a for *_, a, _ in take),
+                tuple(t for *_, t in take),
             )
             self.ready.append(assignment)
-            for row_id, version, _, _ in take:
+            for row_id, version, *_ in take:
                 self._journal_row(row_id, "assigned", version, step=step)
             self._journal_state()
 

@@ -49,6 +49,7 @@ def assemble_group(
     max_seq_len: int | None = None,
     attempt: int = 0,
     vocab_size: int | None = None,
+    lease_tag: int = 0,
 ) -> AssembledGroup:
     candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
@@ -67,7 +68,10 @@ def assemble_group(
             )
         else:
             candidates.append(result)
-    group = split_valid(RolloutGroup(row_id, submit_version, candidates, source=source, attempt=attempt), vocab_size)
+    group = split_valid(
+        RolloutGroup(row_id, submit_version, candidates, source=source, attempt=attempt, lease_tag=lease_tag),
+        vocab_size,
+    )
     for bad in group.dropped:
         dropped["invalid"] += 1
         log.warning("dropped an invalid sample: %s", bad.message)

@@ -2,7 +2,8 @@
 
 Thread-safe (the stream's receive thread adds, the training thread takes). A group's identity is
 (row id, attempt): a row can be leased again (stale, expired, failed), so several attempts of it may arrive. A step
-names the attempt it trains; the controller names the attempts it superseded, which are evicted and refused if
+names the attempt it trains, with the lease's random tag (only the lease holder learned it), so a forged or stray
+group is never trained; the controller names the attempts it superseded, which are evicted and refused if
 they arrive later. A row is trained at most once: any group of a trained row is refused, and training a row
 evicts its other attempts.
 """
@@ -18,6 +19,12 @@ from fleetrl.groups import RolloutGroup
 
 GroupKey = tuple[int, int]
 """(row_id, attempt); attempt 0 in a step's request means whichever attempt of the row arrived."""
+GroupRef = tuple[int, ...]
+"""(row_id, attempt) or (row_id, attempt, lease_tag); 0 = any."""
+
+
+def _stored(group: RolloutGroup) -> tuple[int, int, int]:
+    return (group.row_id, group.attempt, group.lease_tag)
 
 
 class MissingGroupsError(TimeoutError):
@@ -36,7 +43,7 @@ class GroupBuffer:
     def __init__(self, is_trained: Callable[[int], bool] = lambda row_id: False, capacity: int | None = None) -> None:
         self._is_trained = is_trained
         self.capacity = capacity  # groups held at most: a flood of stray groups cannot exhaust memory
-        self._groups: OrderedDict[GroupKey, RolloutGroup] = OrderedDict()
+        self._groups: OrderedDict[tuple[int, int, int], RolloutGroup] = OrderedDict()
         self._superseded: set[GroupKey] = set()
         self._cond = threading.Condition()
         self.duplicates = 0  # a second copy of a buffered attempt, or a group of a trained row
@@ -48,51 +55,58 @@ class GroupBuffer:
             return len(self._groups)
 
     def add(self, group: RolloutGroup) -> bool:
-        """Keep `group` unless its row is trained, its attempt is buffered or superseded; False when refused."""
+        """Keep `group` unless its row is trained, the same group is buffered, its attempt is superseded or the
+        buffer is full; False when refused. Groups claiming the same (row, attempt) with different lease tags are
+        all kept: the step names the tag the controller issued, so a forged twin cannot take the real one's place."""
         with self._cond:
             if group.key in self._superseded:
                 self.superseded += 1
                 return False
-            if group.key in self._groups or self._is_trained(group.row_id):
+            if _stored(group) in self._groups or self._is_trained(group.row_id):
                 self.duplicates += 1
                 return False
             if self.capacity is not None and len(self._groups) >= self.capacity:
                 self.refused_full += 1
                 return False
-            self._groups[group.key] = group
+            self._groups[_stored(group)] = group
             self._cond.notify_all()
             return True
 
     def evict(self, keys: Iterable[GroupKey]) -> int:
         """The controller will never train these attempts: drop them, and refuse them if they arrive later."""
-        dropped = 0
+        superseded = {(int(k[0]), int(k[1])) for k in keys}
         with self._cond:
-            for key in keys:
-                self._superseded.add(tuple(key))  # type: ignore[arg-type]
-                if self._groups.pop(tuple(key), None) is not None:  # type: ignore[call-overload]
-                    dropped += 1
-            self.superseded += dropped
-        return dropped
+            self._superseded |= superseded
+            dropped = [k for k in self._groups if k[:2] in superseded]
+            for key in dropped:
+                del self._groups[key]
+            self.superseded += len(dropped)
+        return len(dropped)
 
-    def _find(self, row_id: int, attempt: int) -> RolloutGroup | None:
-        if attempt:
-            return self._groups.get((row_id, attempt))
-        found = [g for (r, _), g in self._groups.items() if r == row_id]
-        return found[-1] if found else None  # attempt unknown: the latest arrival
+    def _find(self, row_id: int, attempt: int, tag: int) -> RolloutGroup | None:
+        """The latest arrival matching the row, and the attempt and tag when they are set (non-zero)."""
+        found = [
+            g
+            for (r, a, t), g in self._groups.items()
+            if r == row_id and (not attempt or a == attempt) and (not tag or t == tag)
+        ]
+        return found[-1] if found else None
 
-    def wait_for(self, refs: Sequence[GroupKey], timeout_s: float) -> list[RolloutGroup]:
-        """The groups named by `refs` (in that order), waiting up to `timeout_s` for late ones.
+    def wait_for(self, refs: Sequence[GroupRef], timeout_s: float) -> list[RolloutGroup]:
+        """The groups named by `refs` (row, attempt[, lease tag]; in that order), waiting up to `timeout_s` for
+        late ones.
 
         Rows already trained are left out (the caller reports them as skipped). The groups stay
         buffered until `discard`, so a step that fails can be retried.
         """
+        wanted = [(int(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0) for r in refs]
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while True:
-                live = [(r, a) for r, a in refs if not self._is_trained(r)]
-                missing = [(r, a) for r, a in live if self._find(r, a) is None]
+                live = [ref for ref in wanted if not self._is_trained(ref[0])]
+                missing = [(r, a) for r, a, t in live if self._find(r, a, t) is None]
                 if not missing:
-                    return [g for r, a in live if (g := self._find(r, a)) is not None]
+                    return [g for ref in live if (g := self._find(*ref)) is not None]
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise MissingGroupsError(missing, timeout_s)

@@ -74,18 +74,20 @@ class LeaseRowsRequest(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ..., max_rows: _Optional[int] = ...) -> None: ...
 
 class LeasedRow(_message.Message):
-    __slots__ = ("row_id", "submit_version", "lease_deadline_unix_s", "row_json", "attempt")
+    __slots__ = ("row_id", "submit_version", "lease_deadline_unix_s", "row_json", "attempt", "lease_tag")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_DEADLINE_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     ROW_JSON_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TAG_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     submit_version: int
     lease_deadline_unix_s: float
     row_json: str
     attempt: int
-    def __init__(self, row_id: _Optional[int] = ..., submit_version: _Optional[int] = ..., lease_deadline_unix_s: _Optional[float] = ..., row_json: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    lease_tag: int
+    def __init__(self, row_id: _Optional[int] = ..., submit_version: _Optional[int] = ..., lease_deadline_unix_s: _Optional[float] = ..., row_json: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_tag: _Optional[int] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("member_id", "address", "version")

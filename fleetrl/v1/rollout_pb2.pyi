@@ -34,17 +34,19 @@ class RolloutSample(_message.Message):
     def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
-    __slots__ = ("row_id", "submit_version", "samples", "auth_token", "source", "attempt")
+    __slots__ = ("row_id", "submit_version", "samples", "auth_token", "source", "attempt", "lease_tag")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     SUBMIT_VERSION_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     AUTH_TOKEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TAG_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     submit_version: int
     samples: _containers.RepeatedCompositeFieldContainer[RolloutSample]
     auth_token: str
     source: str
     attempt: int
-    def __init__(self, row_id: _Optional[int] = ..., submit_version: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ..., auth_token: _Optional[str] = ..., source: _Optional[str] = ..., attempt: _Optional[int] = ...) -> None: ...
+    lease_tag: int
+    def __init__(self, row_id: _Optional[int] = ..., submit_version: _Optional[int] = ..., samples: _Optional[_Iterable[_Union[RolloutSample, _Mapping]]] = ..., auth_token: _Optional[str] = ..., source: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_tag: _Optional[int] = ...) -> None: ...

@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GroupRef(_message.Message):
-    __slots__ = ("row_id", "attempt")
+    __slots__ = ("row_id", "attempt", "lease_tag")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TAG_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     attempt: int
-    def __init__(self, row_id: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    lease_tag: int
+    def __init__(self, row_id: _Optional[int] = ..., attempt: _Optional[int] = ..., lease_tag: _Optional[int] = ...) -> None: ...
 
 class TrainStepRequest(_message.Message):
     __slots__ = ("step", "row_ids", "data_position", "wait_timeout_s", "groups", "superseded")

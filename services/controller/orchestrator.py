@@ -332,7 +332,7 @@ class Orchestrator:
             step=step.step,
             row_ids=list(step.row_ids),
             data_position=position,
-            groups=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in step.groups],
+            groups=[trainer_pb2.GroupRef(row_id=r, attempt=a, lease_tag=t) for r, a, t in step.refs],
             superseded=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in self.scheduler.take_superseded()],
         )
         try:

@@ -85,6 +85,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     lease_deadline_unix_s=lease.deadline,
                     row_json=json.dumps(lease.row),
                     attempt=lease.attempt,
+                    lease_tag=lease.tag,
                 )
                 for lease in leases
             ],

@@ -252,6 +252,7 @@ class Gateway:
             max_seq_len=self.run_cfg.max_seq_len,
             attempt=leased.attempt,
             vocab_size=self.vocab_size,
+            lease_tag=leased.lease_tag,
         )
         self.counters.update({f"samples_dropped_{k}": v for k, v in assembled.dropped.items()})
         report = controller_pb2.RowReport(

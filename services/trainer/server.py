@@ -39,7 +39,7 @@ from fleetrl.services.trainer.metrics import TrainerMetrics
 from fleetrl.services.trainer.reference import make_reference_fn
 from fleetrl.telemetry import MetricsServer, start_metrics_server
 from fleetrl.trainer import DistContext, PolicyTrainer, StepError, StepResult
-from fleetrl.trainer.buffer import GroupBuffer, GroupKey, MissingGroupsError
+from fleetrl.trainer.buffer import GroupBuffer, GroupKey, GroupRef, MissingGroupsError
 from fleetrl.trainer.checkpoint import checkpoint_path, latest_checkpoint
 from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
 from fleetrl.weights import WeightPublisher
@@ -145,7 +145,7 @@ class TrainerService:
     def train_step(
         self,
         step: int,
-        groups: list[GroupKey],
+        groups: list[GroupRef],
         data_position: Any = None,
         wait_timeout_s: float | None = None,
         superseded: list[GroupKey] = (),  # type: ignore[assignment]
@@ -161,7 +161,7 @@ class TrainerService:
             found = self.buffer.wait_for(groups, wait_timeout_s or self.config.group_wait_timeout_s)
             result = self.trainer.train_step(found, step=step, data_position=data_position)
             trained = {g.row_id for g in found}
-            row_ids = [r for r, _ in groups]
+            row_ids = [ref[0] for ref in groups]
             result.skipped_row_ids = sorted(set(result.skipped_row_ids) | {r for r in row_ids if r not in trained})
             self.buffer.discard(row_ids)
             self.metrics.observe_step(result.metrics)
@@ -228,7 +228,7 @@ class TrainerService:
                 groups = self.buffer.wait_for_count(run.prompt_groups_per_step, timeout_s=0.5)
                 if len(groups) < run.prompt_groups_per_step:
                     continue
-                self.train_step(self.trainer.steps_done + 1, [g.key for g in groups])
+                self.train_step(self.trainer.steps_done + 1, [(*g.key, g.lease_tag) for g in groups])
         except Exception as exc:  # surfaced: health goes NOT_SERVING and serve() exits non-zero
             logger.exception("auto-step loop failed")
             self.failed = exc
@@ -294,7 +294,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         service = self._service
         try:
             position = _parse_position(request.data_position)
-            groups = [(g.row_id, g.attempt) for g in request.groups] or [(r, 0) for r in request.row_ids]
+            groups = [(g.row_id, g.attempt, g.lease_tag) for g in request.groups] or [
+                (r, 0, 0) for r in request.row_ids
+            ]
             superseded = [(g.row_id, g.attempt) for g in request.superseded]
             if not (math.isfinite(request.wait_timeout_s) and request.wait_timeout_s >= 0):  # NaN would spin forever
                 raise ValueError(f"wait_timeout_s must be a finite number >= 0, got {request.wait_timeout_s}")

@@ -103,3 +103,19 @@ def test_docs_list_every_field():
     up_table = text[text.index("## The `[up]` table") :]
     missing = [name for name in UpConfig.model_fields if f"`{name}`" not in up_table]
     assert not missing, f"docs/config.md's [up] table does not document: {missing}"
+
+
+@pytest.mark.parametrize("field", ["temperature", "learning_rate", "top_p", "kl_beta", "grad_clip_norm"])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")])
+def test_non_finite_numbers_fail_at_start_naming_the_field(field, value):
+    # temperature = inf used to be accepted, and every Generate then failed.
+    with pytest.raises(ConfigError, match=rf"{field}: Input should be a finite number"):
+        Config.load({field: value})
+
+
+def test_non_finite_numbers_fail_in_service_configs_too():
+    from fleetrl.config import build_service_config
+    from fleetrl.services.gateway.config import GatewayConfig
+
+    with pytest.raises(ConfigError, match="rollout_timeout_s: Input should be a finite number"):
+        build_service_config(GatewayConfig, {"run": Config(), "rollout": "m:f", "rollout_timeout_s": float("nan")}, "g")

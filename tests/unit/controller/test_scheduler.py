@@ -204,3 +204,13 @@ def test_a_report_of_an_older_attempt_is_late_even_from_the_same_gateway():
     assert s.report(a.row_id, "accepted", now=12, gateway_id="gw", attempt=1) == "late"
     assert s.report(b.row_id, "accepted", now=12, gateway_id="gw", attempt=2) == "accepted"
     assert s.take_step().groups == ((b.row_id, 2),)
+
+
+def test_each_lease_gets_a_random_tag_that_its_step_names():
+    s = make(p=2, g=2, o=1)
+    leases = s.lease("gw", 2, now=0)
+    assert len({lease.tag for lease in leases}) == 2 and all(lease.tag > 0 for lease in leases)
+    for lease in leases:
+        s.report(lease.row_id, "accepted", now=1)
+    step = s.take_step()
+    assert step.refs == tuple((lease.row_id, 1, lease.tag) for lease in leases)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -122,7 +121,7 @@ async def test_rollouts_that_find_no_replica_neither_trip_the_breaker_nor_reject
     gateway = Gateway(config, rollout_factory=lambda setup: rollout_fn)
     gateway.rollout_fn, gateway.stub = rollout_fn, RecordingController()
     for row_id in range(3):  # 12 rollouts: with failures counted, a breaker judging 2 would have tripped
-        await gateway.process_row(SimpleNamespace(row_id=row_id, submit_version=0, attempt=1, row_json="{}"))
+        await gateway.process_row(controller_pb2.LeasedRow(row_id=row_id, submit_version=0, attempt=1, row_json="{}"))
     assert len(gateway.breaker.window) == 0 and not gateway.breaker.is_open
     assert gateway.counters["rollouts_no_replica"] == 12 and gateway.counters["rollouts_failed"] == 0
     assert [r.outcome for r in gateway.stub.reports] == [controller_pb2.FAILED] * 3  # leased again, not closed

@@ -88,3 +88,18 @@ def test_a_full_buffer_refuses_and_counts_instead_of_growing():
     assert not buffer.add(_group(3)) and buffer.refused_full == 1 and len(buffer) == 2
     buffer.discard([1])
     assert buffer.add(_group(3))
+
+
+def test_a_forged_twin_with_the_right_row_and_attempt_is_never_trained():
+    # Only the lease holder learned the lease's tag. A group claiming the same (row, attempt) without it (forged,
+    # stray) arrives first: it neither takes the real group's place nor gets trained.
+    buffer = GroupBuffer()
+    forged = RolloutGroup(4, 0, [], attempt=1, lease_tag=999)
+    real = RolloutGroup(4, 0, [], attempt=1, lease_tag=123456789)
+    assert buffer.add(forged) and buffer.add(real)
+    (got,) = buffer.wait_for([(4, 1, 123456789)], timeout_s=1.0)
+    assert got is real
+    with pytest.raises(MissingGroupsError):
+        buffer.wait_for([(5, 1, 42)], timeout_s=0.01)
+    buffer.discard([4])
+    assert len(buffer) == 0
