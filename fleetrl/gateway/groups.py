@@ -18,6 +18,8 @@ from fleetrl.rollout import RolloutSample
 
 log = logging.getLogger(__name__)
 DynamicFilter = Callable[[Sequence[RolloutSample]], bool]
+DROP_REASONS: tuple[str, ...] = ("none", "error", "invalid", "too_long")
+"""Why `assemble_group` drops a sample: the keys of `AssembledGroup.dropped` (and of RowReport.samples_dropped)."""
 
 
 def drop_uniform_rewards(samples: Sequence[RolloutSample]) -> bool:

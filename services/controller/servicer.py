@@ -12,6 +12,7 @@ import grpc
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.run_outcome import rejection_cause
 from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.gateway.groups import DROP_REASONS
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 KIND_NAMES = {
@@ -21,7 +22,6 @@ KIND_NAMES = {
     controller_pb2.REFERENCE: "reference",
 }
 KIND_ENUMS = {v: k for k, v in KIND_NAMES.items()}
-DROP_REASONS = ("none", "error", "invalid", "too_long")  # fleetrl.gateway.groups.assemble_group's counters
 OUTCOMES = {controller_pb2.ACCEPTED: "accepted", controller_pb2.REJECTED: "rejected", controller_pb2.FAILED: "failed"}
 
 

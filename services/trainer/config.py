@@ -63,7 +63,9 @@ class TrainerServiceConfig(BaseModel):
     dist_timeout_s: float = Field(3600.0, gt=0, description="Collective timeout under torchrun (incl. idle waits).")
     max_message_mb: int = Field(256, ge=1, description="gRPC message size limit in MiB.")
     max_group_mb: int = Field(
-        32, ge=1, description="Rollout group message size limit in MiB (parsing costs ~25x the message in memory)."
+        32,
+        ge=1,
+        description="Rollout group message size limit in MiB (parsing costs several times the message in memory).",
     )
     shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
     stop_checkpoint_wait_s: float = Field(

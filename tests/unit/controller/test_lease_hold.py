@@ -74,3 +74,20 @@ def test_a_replica_joining_a_running_run_is_routable_only_once_it_serves_the_cur
     assert servicer.members.members["late"].fenced
     servicer.members.loaded("late", 3)  # the next push reached it
     assert sorted(r.member_id for r in lease(servicer).replicas) == ["inference-0", "late"]
+
+
+def test_a_report_cannot_invent_or_decrease_drop_counters(tmp_path):
+    servicer, orch = make(tmp_path)
+    orch.started = True
+    row = lease(servicer).rows[0]
+    report = controller_pb2.RowReport(
+        row_id=row.row_id,
+        attempt=row.attempt,
+        outcome=controller_pb2.REJECTED,
+        samples_dropped={"bogus": 5, "none": -3, "error": 2},
+    )
+    request = controller_pb2.ReportRowsRequest(gateway_id="gw", reports=[report])
+    asyncio.run(servicer.ReportRows(request, Context()))
+    counters = servicer.scheduler.counters
+    assert counters["samples_dropped_error"] == 2
+    assert "samples_dropped_bogus" not in counters and "samples_dropped_none" not in counters
