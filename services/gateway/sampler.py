@@ -32,6 +32,7 @@ from fleetrl.services.inference.client import InferenceClient
 from fleetrl.services.inference.engine import SamplingRequest
 
 log = logging.getLogger(__name__)
+REPLICA_DROPPED = "replica left the routable set"
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 MAX_BACKOFF_S = 2.0
 
@@ -77,6 +78,7 @@ class Sampler:
         self.default_kwargs = dict(default_kwargs or {})
         self._clients: dict[str, InferenceClient] = {}
         self._in_flight: dict[str, int] = {}
+        self._calls: dict[str, set[asyncio.Task[Any]]] = {}  # calls in flight per replica
         self._routable: list[str] = []
         self.calls = 0
         self.retries = 0
@@ -89,8 +91,17 @@ class Sampler:
             if address not in self._clients:
                 self._clients[address] = InferenceClient(address, auth_token=self.auth_token)
                 self._in_flight[address] = 0
+        dropped = set(self._routable) - set(addresses)
         self._routable = [a for a in addresses]
         self.wants_replicas = False
+        for address in dropped:  # fenced (hung, stopped, behind): its calls in flight are retried elsewhere now
+            calls = list(self._calls.get(address, ()))
+            for call in calls:
+                call.cancel(REPLICA_DROPPED)
+            if calls:
+                log.warning(
+                    "replica %s left the routable set: %d calls in flight retried elsewhere", address, len(calls)
+                )
 
     @property
     def replicas(self) -> list[str]:
@@ -125,8 +136,17 @@ class Sampler:
                 tried.clear()  # those that failed may be back (or replaced) by now
                 continue
             self._in_flight[address] += 1
+            call = asyncio.ensure_future(self._clients[address].generate(request, timeout_s=self.request_timeout_s))
+            self._calls.setdefault(address, set()).add(call)
             try:
-                return await self._clients[address].generate(request, timeout_s=self.request_timeout_s)
+                return await asyncio.shield(call)
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not call.cancelled() or (current is not None and current.cancelling()):
+                    call.cancel()
+                    raise  # the caller itself was cancelled (a rollout timeout, shutdown)
+                tried.add(address)  # set_replicas cancelled it: the replica was fenced
+                self.retries += 1
             except grpc.aio.AioRpcError as exc:
                 if exc.code() not in RETRYABLE:
                     raise
@@ -142,6 +162,7 @@ class Sampler:
                 log.log(level, "replica %s: %s; retrying (elsewhere if another is routable)", address, exc.code().name)
             finally:
                 self._in_flight[address] -= 1
+                self._calls[address].discard(call)
 
     # --- the cookbook interface -----------------------------------------------------------------
     async def sample_with_prompt_tokens(

@@ -148,7 +148,9 @@ class Gateway:
                     self._maybe_evaluate(heartbeat.evaluate_version, tasks)
                 want = max(self.config.rows_in_flight - len(tasks), 0)
                 reply = None
-                if want > 0 or self.sampler.wants_replicas:  # max_rows 0: only the routable replicas
+                # max_rows 0: only the routable replicas. A busy gateway refreshes them every heartbeat too, so calls
+                # in flight to a replica the controller fenced (hung, stopped) move to another one.
+                if want > 0 or self.sampler.wants_replicas or heartbeat is not None:
                     reply = await self._call(
                         self.stub.LeaseRows, controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want)
                     )

@@ -42,7 +42,7 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
         {
             "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
             "replicas": 2,
-            "gateway_args": ["--generate-timeout", "5"],
+            # The default Generate timeout is 120 s: calls stuck on the stopped replica must move when it is fenced.
         },
         n_rows=120,
     )
@@ -72,6 +72,9 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
     steps = [m for m in read_metrics(run_dir) if "loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 41))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
+    # Calls stuck on the stopped replica moved to the other as soon as it was fenced (the unit test of the sampler,
+    # test_calls_in_flight_to_a_fenced_replica_move_to_another_at_once, shows they would wait out the timeout).
+    assert "calls in flight retried elsewhere" in (run_dir / "gateway-0.log").read_text()
 
 
 def replica_status(address: str, token: str):

@@ -126,3 +126,45 @@ async def test_rollouts_that_find_no_replica_neither_trip_the_breaker_nor_reject
     assert gateway.counters["rollouts_no_replica"] == 12 and gateway.counters["rollouts_failed"] == 0
     assert [r.outcome for r in gateway.stub.reports] == [controller_pb2.FAILED] * 3  # leased again, not closed
     assert "no inference replica" in gateway.stub.reports[0].reason
+
+
+class HungReplica(ScriptedReplica):
+    """Never answers (a SIGSTOPped process): a call waits until it is cancelled."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.cancelled = 0
+
+    async def generate(self, request: SamplingRequest, timeout_s: float | None = None) -> list[str]:
+        self.calls += 1
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return []
+
+
+async def test_calls_in_flight_to_a_fenced_replica_move_to_another_at_once():
+    # Without this the call waits out the whole Generate timeout (120 s by default) on the hung replica.
+    hung, live = HungReplica("a"), ScriptedReplica("b")
+    sampler = sampler_with(hung, live, request_timeout_s=3600)
+    sampler.set_replicas(["a"])
+    call = asyncio.ensure_future(sampler.generate(REQUEST))
+    await until(lambda: hung.calls == 1)
+    sampler.set_replicas(["b"])  # the controller fenced "a" (missed polls)
+    assert await asyncio.wait_for(call, timeout=10) == ["b"]
+    assert hung.cancelled == 1 and sampler.retries == 1
+
+
+async def test_a_cancelled_caller_is_not_retried_elsewhere():
+    hung, live = HungReplica("a"), ScriptedReplica("b")
+    sampler = sampler_with(hung, live)
+    sampler.set_replicas(["a", "b"])
+    sampler._in_flight["b"] = 5  # steer the call to "a"
+    call = asyncio.ensure_future(sampler.generate(REQUEST))
+    await until(lambda: hung.calls == 1)
+    call.cancel()  # a rollout timeout
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert hung.cancelled == 1 and live.calls == 0
