@@ -145,8 +145,7 @@ def launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # from here a second Ctrl-C stops at once
-        patient = {"controller": up.stop_timeout_s, "trainer": up.stop_timeout_s}
-        sup.stop_all(patient=patient)
+        sup.stop_all(patient=stop_patience(sup.children, up.stop_timeout_s))
         if stop_requested and controller_started(sup):
             print(f"fleetrl up: stopped; `fleetrl up {config_path} --resume` continues the run", file=sys.stderr)
 
@@ -307,6 +306,16 @@ def _without_flags(args: list[str], flags: tuple[str, ...]) -> list[str]:
         elif not arg.startswith(tuple(f"{f}=" for f in flags)):
             out.append(arg)
     return out
+
+
+def stop_patience(children: list[Child], stop_timeout_s: float) -> dict[str, float]:
+    """How long each kind may take to stop: the trainer to checkpoint its last step, and the controller to finish
+    its step in flight, but only while the trainer lives: with a crashed trainer that step (or its weight push,
+    fetched from the dead trainer) could only wait out its timeout, holding `fleetrl up` for minutes."""
+    patient = {"trainer": stop_timeout_s}
+    if any(c.kind == "trainer" and c.poll() is None for c in children):
+        patient["controller"] = stop_timeout_s
+    return patient
 
 
 def run_failure(controller_log: Path) -> str | None:

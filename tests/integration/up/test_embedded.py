@@ -1,6 +1,6 @@
 """`fleetrl.main` from a user's script: Ctrl-C checkpoints the last step; a run that trains nothing fails with the
-reason and exports nothing, and
-the same log_path is then refused without `overwrite=True`, the old run's rows left as they were."""
+reason and exports nothing, and the same log_path is then refused without `overwrite=True`, the old run's rows left
+as they were."""
 
 from __future__ import annotations
 

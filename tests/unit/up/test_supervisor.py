@@ -73,3 +73,25 @@ def test_a_crashed_replica_restarts_with_its_flags_on_new_ports_and_rejoins_unde
         ("inference-1-r1", "inference", [*flags, *joined], {"OMP_NUM_THREADS": "1"}),
         ("inference-1-r2", "inference", [*flags, *joined], {"OMP_NUM_THREADS": "1"}),
     ]
+
+
+def test_the_controller_gets_no_patience_once_the_trainer_has_crashed(tmp_path):
+    # With a dead trainer the controller's step in flight (or its weight push, fetched from the dead trainer) can
+    # only wait out its timeout: fleetrl up hung for minutes after a trainer crash.
+    from fleetrl.up.run import stop_patience
+
+    def child(kind: str, code: str) -> Child:
+        process = subprocess.Popen([sys.executable, "-c", code])
+        return Child(kind, kind, [], tmp_path / f"{kind}.log", process)
+
+    trainer = child("trainer", "import time; time.sleep(60)")
+    controller = child("controller", "import time; time.sleep(60)")
+    try:
+        assert stop_patience([trainer, controller], 300.0) == {"trainer": 300.0, "controller": 300.0}
+        trainer.process.kill()
+        trainer.process.wait(timeout=30)
+        assert stop_patience([trainer, controller], 300.0) == {"trainer": 300.0}
+    finally:
+        for c in (trainer, controller):
+            c.process.kill()
+            c.process.wait(timeout=30)
