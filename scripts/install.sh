@@ -6,7 +6,7 @@
 # CUDA wheels. On a GPU machine set FLEETRL_GPU=1: the CUDA torch and the `vllm` extra are used instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="http,plot,parquet"
+extras="http,plot,parquet,lora,trackers"
 [ "${1:-}" = "test" ] && extras="$extras,test"
 if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; }; then
   # Debian tools the deployment tests drive for real: docker-compose (validates the compose file) and

@@ -133,19 +133,32 @@ class TensorSpec:
         }
 
 
-def content_checksum(tensors: tuple[TensorSpec, ...]) -> str:
-    """The overall checksum of a manifest: xxh3_64 over the canonical JSON of its entries."""
-    canonical = json.dumps([spec.to_json() for spec in tensors], sort_keys=True, separators=(",", ":"))
+def content_checksum(tensors: tuple[TensorSpec, ...], adapter: Mapping[str, Any] | None = None) -> str:
+    """The overall checksum of a manifest: xxh3_64 over the canonical JSON of its entries.
+
+    A LoRA manifest's adapter config is covered too (the same tensors under another rank or alpha
+    are other weights); a full-model manifest's checksum is unchanged by the field's existence.
+    """
+    entries: Any = [spec.to_json() for spec in tensors]
+    if adapter is not None:
+        entries = {"tensors": entries, "adapter": adapter}
+    canonical = json.dumps(entries, sort_keys=True, separators=(",", ":"))
     return checksum_bytes(canonical.encode())
 
 
 @dataclass(frozen=True)
 class Manifest:
-    """A published weight version: its tensors in publish order and their overall checksum."""
+    """A published weight version: its tensors in publish order and their overall checksum.
+
+    ``adapter`` is None for a full model. For a LoRA run it is the PEFT adapter config (the JSON of
+    ``adapter_config.json``: ``r``, ``lora_alpha``, ``target_modules``, ...) and the tensors are the
+    adapter's only, named as PEFT saves them (``get_peft_model_state_dict``).
+    """
 
     version: int
     tensors: tuple[TensorSpec, ...]
     checksum: str
+    adapter: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 0:
@@ -157,14 +170,29 @@ class Manifest:
             if spec.name in seen:
                 raise ValueError(f"tensor name {spec.name!r} appears twice in the manifest")
             seen.add(spec.name)
-        expected = content_checksum(self.tensors)
+        if self.adapter is not None:
+            if not isinstance(self.adapter, Mapping):
+                raise ValueError(f"Manifest.adapter must be a JSON object or None, got {type(self.adapter).__name__}")
+            try:
+                json.dumps(self.adapter)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"Manifest.adapter is not JSON-serialisable: {exc}") from None
+        expected = content_checksum(self.tensors, self.adapter)
         if self.checksum != expected:
             raise ValueError(f"manifest checksum {self.checksum!r} does not match its tensor entries ({expected!r})")
 
     @classmethod
-    def build(cls, version: int, tensors: tuple[TensorSpec, ...]) -> Manifest:
-        """A manifest for these entries with its overall checksum computed."""
-        return cls(version=version, tensors=tuple(tensors), checksum=content_checksum(tensors))
+    def build(cls, version: int, tensors: tuple[TensorSpec, ...], adapter: Mapping[str, Any] | None = None) -> Manifest:
+        """A manifest for these entries (and LoRA adapter config, if any) with its checksum computed."""
+        adapter = dict(adapter) if adapter is not None else None
+        return cls(
+            version=version, tensors=tuple(tensors), checksum=content_checksum(tensors, adapter), adapter=adapter
+        )
+
+    @property
+    def is_adapter(self) -> bool:
+        """True when this version is a LoRA adapter (to apply on the base weights), not a full model."""
+        return self.adapter is not None
 
     @property
     def total_bytes(self) -> int:
@@ -203,23 +231,26 @@ def spec_for_tensor(name: str, tensor: torch.Tensor) -> TensorSpec:
     )
 
 
-def build_manifest(version: int, state_dict: Mapping[str, torch.Tensor]) -> Manifest:
+def build_manifest(
+    version: int, state_dict: Mapping[str, torch.Tensor], adapter: Mapping[str, Any] | None = None
+) -> Manifest:
     """The manifest of a state dict (any device; copies to contiguous CPU only where needed)."""
-    return Manifest.build(version, tuple(spec_for_tensor(name, tensor) for name, tensor in state_dict.items()))
+    specs = tuple(spec_for_tensor(name, tensor) for name, tensor in state_dict.items())
+    return Manifest.build(version, specs, adapter)
 
 
 def encode_manifest(manifest: Manifest) -> bytes:
     """The wire form of a manifest: UTF-8 JSON."""
-    return json.dumps(
-        {
-            "format": MANIFEST_FORMAT,
-            "checksum_algorithm": CHECKSUM_ALGORITHM,
-            "version": manifest.version,
-            "tensors": [spec.to_json() for spec in manifest.tensors],
-            "checksum": manifest.checksum,
-        },
-        separators=(",", ":"),
-    ).encode()
+    obj: dict[str, Any] = {
+        "format": MANIFEST_FORMAT,
+        "checksum_algorithm": CHECKSUM_ALGORITHM,
+        "version": manifest.version,
+        "tensors": [spec.to_json() for spec in manifest.tensors],
+        "checksum": manifest.checksum,
+    }
+    if manifest.adapter is not None:
+        obj["adapter"] = manifest.adapter
+    return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def decode_manifest(data: bytes) -> Manifest:
@@ -254,7 +285,10 @@ def decode_manifest(data: bytes) -> Manifest:
             )
             for entry in entries
         )
-        return Manifest(version=obj["version"], tensors=tensors, checksum=obj["checksum"])
+        adapter = obj.get("adapter")
+        if adapter is not None and not isinstance(adapter, dict):
+            raise TypeError("'adapter' is not a JSON object")
+        return Manifest(version=obj["version"], tensors=tensors, checksum=obj["checksum"], adapter=adapter)
     except (KeyError, TypeError, ValueError) as exc:
         raise WeightTransferError(f"bad weight manifest: {exc}", reason="protocol") from exc
 

@@ -130,15 +130,25 @@ class WeightPublisher:
         """A copy of the request counters."""
         return dict(self.counts)
 
-    def publish(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Manifest:
-        """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it."""
+    def publish(
+        self,
+        version: int,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        adapter: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it.
+
+        ``adapter``: for a LoRA run, the PEFT adapter config; ``state_dict`` then holds only the
+        adapter's tensors (see ``Manifest.adapter``).
+        """
         self._check_usable()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ValueError(f"weight version must be a non-negative int, got {version!r}")
         if self._latest is not None and version <= self._latest:
             raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
         started = time.perf_counter()
-        snapshot = self._snapshot(version, state_dict)
+        snapshot = self._snapshot(version, state_dict, adapter)
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
@@ -201,7 +211,9 @@ class WeightPublisher:
         if self._closed:
             raise WeightTransferError("weight publisher is closed", reason="publisher")
 
-    def _snapshot(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> _Snapshot:
+    def _snapshot(
+        self, version: int, state_dict: Mapping[str, torch.Tensor], adapter: Mapping[str, Any] | None = None
+    ) -> _Snapshot:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
         for name, tensor in state_dict.items():
@@ -224,6 +236,7 @@ class WeightPublisher:
         manifest = Manifest.build(
             version,
             tuple(spec_for_tensor(n, t) for n, t in zip(state_dict, tensors, strict=True)),
+            adapter,
         )
         return _Snapshot(
             manifest=manifest,

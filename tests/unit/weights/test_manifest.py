@@ -151,3 +151,20 @@ def test_plan_chunks_sends_small_tensors_whole_and_splits_large_ones():
         plan_chunks(manifest, 0)
     with pytest.raises(ValueError, match="split_bytes"):
         plan_chunks(manifest, 16, split_bytes=17)
+
+
+def test_adapter_manifest_round_trips_and_its_config_is_checksummed():
+    sd = {"base_model.model.layers.0.q_proj.lora_A.weight": torch.ones(2, 4)}
+    lora = {"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": ["q_proj"]}
+    manifest = build_manifest(3, sd, adapter=lora)
+    assert manifest.is_adapter and not build_manifest(3, sd).is_adapter
+    decoded = decode_manifest(encode_manifest(manifest))
+    assert decoded == manifest and decoded.adapter == lora
+    # Another alpha on the same tensors is other weights: another checksum.
+    assert build_manifest(3, sd, adapter={**lora, "lora_alpha": 8}).checksum != manifest.checksum
+    assert build_manifest(3, sd).checksum != manifest.checksum
+    # A manifest whose adapter was edited in transit fails its checksum.
+    obj = json.loads(encode_manifest(manifest))
+    obj["adapter"]["r"] = 4
+    with pytest.raises(WeightTransferError, match="checksum"):
+        decode_manifest(json.dumps(obj).encode())
