@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from fleetrl import Config, ConfigError
-from fleetrl.config import parse_override
+from fleetrl.config import parse_override, read_config_file
 from fleetrl.losses import LOSS_NAMES
 from fleetrl.up.config import UpConfig
 
@@ -89,11 +89,26 @@ def test_sample_kwargs():
     assert cfg.sample_kwargs == {"max_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
 
 
+def _shipped_run_configs() -> list[Path]:
+    """Every TOML run config the repo ships (pyproject.toml and run folders aside)."""
+    skip = {"pyproject.toml"}
+    return sorted(
+        p
+        for p in REPO.rglob("*.toml")
+        if p.name not in skip and not {".git", "runs", "node_modules"} & set(p.relative_to(REPO).parts)
+    )
+
+
 def test_every_shipped_run_config_parses():
-    # prime-rl's test_configs habit: any TOML config the repo ships must load.
-    shipped = [p for p in REPO.glob("examples/**/*.toml")] + [p for p in REPO.glob("configs/**/*.toml")]
+    # prime-rl's test_configs habit: any TOML config the repo ships must load, its [up] table too.
+    shipped = _shipped_run_configs()
+    # The examples and the compose file's config: a glob that finds nothing must fail, not pass.
+    assert len(shipped) >= 6, f"expected the shipped run configs, found {shipped}"
+    assert REPO / "docker" / "example" / "run.toml" in shipped
     for path in shipped:
         Config.from_toml(path)
+        if "up" in read_config_file(path):
+            UpConfig.from_file(path)
 
 
 def test_docs_list_every_field():
