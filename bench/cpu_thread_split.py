@@ -39,7 +39,7 @@ def run_once(mode: str, split: bool) -> dict:
     subprocess.run([*argv, *MODES[mode]], cwd=REPO, env=env, check=True, capture_output=True, timeout=1800)
     wall = time.monotonic() - started
     lines = [json.loads(x) for x in (log_path / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "reward/mean" in m]
+    steps = [m for m in lines if "rollout/raw_reward" in m]
     final = [m for m in lines if "eval/accuracy" in m][-1]
     return {
         "mode": mode,

@@ -3,18 +3,41 @@
 The user-facing contract:
 
     from fleetrl import Config, RolloutSample, RolloutSetup, main
+    from fleetrl import RolloutRun, RolloutSegment, build_deployment_sampler   # the current cookbook's names
 """
 
 from typing import Any
 
 from fleetrl.config import Config, ConfigError
-from fleetrl.rollout import InvalidSampleError, RolloutSample, RolloutSetup
+from fleetrl.rollout import InvalidSampleError, RolloutRun, RolloutSample, RolloutSegment, RolloutSetup
 
-__all__ = ["Config", "ConfigError", "InvalidSampleError", "RolloutSample", "RolloutSetup", "main"]
+__all__ = [
+    "Config",
+    "ConfigError",
+    "InvalidSampleError",
+    "RolloutRun",
+    "RolloutSample",
+    "RolloutSegment",
+    "RolloutSetup",
+    "build_deployment_sampler",
+    "main",
+]
 
 
-def main(cfg: Config, rollout_fn_factory: Any, rows: Any = None, **options: Any) -> int:
-    """Train with every service as a local process (see `fleetrl.up.embedded.main`)."""
+def build_deployment_sampler(setup: RolloutSetup) -> Any:
+    """The sampler of the run's inference deployment: `setup.sampler` (the cookbook's rollout code calls
+    `sampler = build_deployment_sampler(setup)`; fleetrl's gateway has already built it)."""
+    if getattr(setup, "sampler", None) is None:
+        raise RuntimeError(
+            "build_deployment_sampler: this RolloutSetup has no sampler; it is filled by the rollout gateway "
+            "(fleetrl up / fleetrl.main), so call it inside your rollout factory"
+        )
+    return setup.sampler
+
+
+def main(cfg: Config, rollout_fn_factory: Any, rows: Any = None, **options: Any) -> dict[str, Any]:
+    """Train with every service as a local process; returns a summary dict (`exit_code`, `steps`,
+    `final_version`, `last_metrics`, paths: see `fleetrl.up.embedded.main`)."""
     from fleetrl.up.embedded import main as embedded_main
 
     return embedded_main(cfg, rollout_fn_factory, rows, **options)

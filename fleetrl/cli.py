@@ -4,12 +4,14 @@
                                         --resume continues a stopped run, --overwrite starts over
     fleetrl serve <service> [options]   start one service (inference, trainer, reference, controller, gateway)
     fleetrl eval run.toml [--model P]   the run's evaluation hook on its held-out rows, for one model
-    fleetrl status [HOST:PORT]          print a running controller's state
+    fleetrl status [--log-path P]       a running run's state (found from the ready files in P, default .)
     fleetrl health HOST:PORT            gRPC health probe (containers' HEALTHCHECK)
-    fleetrl plot LOG_PATH               PNG of reward, eval accuracy, KL, entropy and version offset per step
+    fleetrl plot RUN [RUN ...]          PNG of the per-step metrics, one subplot each; runs compared
     fleetrl demo                        the foundation's pure logic learning a toy task (no services)
+    fleetrl --version
 
-Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast.
+Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast. A bad config, a bad
+flag value or a missing model is one clean line per field (exit 2), never a traceback.
 """
 
 from __future__ import annotations
@@ -18,30 +20,72 @@ import argparse
 import importlib
 import sys
 
-SERVICES = ("inference", "trainer", "reference", "controller", "gateway")
+from pydantic import ValidationError
+
+from fleetrl import __version__
+from fleetrl.config import ConfigError, format_validation_error
+from fleetrl.model_path import ModelNotFoundError
+
+COMMANDS = {
+    "up": "train: every service as a local process (run.toml)",
+    "serve": "start one service (fleetrl serve --help lists them)",
+    "eval": "run the evaluation hook on held-out rows for a model",
+    "status": "a running run's trainer version, steps, rows, services",
+    "plot": "per-step metrics against step; compares runs",
+    "health": "gRPC health probe of one service (HEALTHCHECK)",
+    "demo": "the pure logic learning a toy task (no services)",
+}
+
+SERVICES = {
+    "inference": "an inference replica: generates with per-token logprobs, loads pushed weights (hf or vllm)",
+    "trainer": "the policy trainer: trains on rollout groups, publishes weights, checkpoints",
+    "reference": "the frozen reference policy: logprobs for the KL penalty (kl_beta > 0)",
+    "controller": "the run's coordinator: leases rows, gates off-policy versions, steps the trainer",
+    "gateway": "a rollout gateway: runs the user's rollout function against the replicas",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleetrl",
+        description="fleetrl: asynchronous RL for language models, built as services.",
+        epilog="`fleetrl COMMAND --help` describes a command's flags.",
+    )
+    parser.add_argument("--version", action="version", version=f"fleetrl {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, line in COMMANDS.items():
+        commands.add_parser(name, help=line, add_help=False)
+    return parser
+
+
+def serve_help() -> str:
+    width = max(map(len, SERVICES))
+    lines = [f"  {name:<{width}}  {line}" for name, line in SERVICES.items()]
+    return "\n".join(
+        [
+            "usage: fleetrl serve SERVICE [options]",
+            "",
+            "Start one fleetrl service (`fleetrl serve SERVICE --help` lists its flags).",
+            "",
+            "services:",
+            *lines,
+        ]
+    )
 
 
 def _serve(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: fleetrl serve {" + ",".join(SERVICES) + "} [options]")
+        print(serve_help())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in SERVICES:
-        print(f"fleetrl serve: unknown service {name!r}; choose one of {', '.join(SERVICES)}")
+        print(f"fleetrl serve: unknown service {name!r}; choose one of {', '.join(SERVICES)}", file=sys.stderr)
         return 2
     launcher = importlib.import_module(f"fleetrl.services.{name}.launcher")
     return int(launcher.main(rest) or 0)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="fleetrl", description=__doc__.split("\n\n")[0])
-    commands = ["up", "serve", "eval", "status", "plot", "health", "demo"]
-    parser.add_argument("command", choices=commands, help="what to run")
-    if not argv or argv[0] in ("-h", "--help"):
-        parser.print_help()
-        return 0
-    command, rest = argv[0], argv[1:]
+def _run(command: str, rest: list[str]) -> int:
     if command == "serve":
         return _serve(rest)
     if command == "up":
@@ -64,12 +108,30 @@ def main(argv: list[str] | None = None) -> int:
         from fleetrl.health_probe import main as health_main
 
         return health_main(rest)
-    if command == "demo":
-        from fleetrl.demo import main as demo_main
+    from fleetrl.demo import main as demo_main
 
-        return int(demo_main(rest) or 0)
-    parser.parse_args(argv)  # prints the usage error for an unknown command
-    return 2
+    return int(demo_main(rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    if not argv or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0
+    if argv[0] not in COMMANDS:
+        parser.parse_args(argv[:1])  # --version, or the usage error for an unknown command (exits)
+        return 2
+    command, rest = argv[0], argv[1:]
+    try:
+        return _run(command, rest)
+    except (ConfigError, ModelNotFoundError) as exc:
+        prefix = f"fleetrl {command}"
+        print(str(exc) if str(exc).startswith(prefix) else f"{prefix}: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:  # a service or library config validated outside Config.load
+        print(format_validation_error(exc, f"fleetrl {command}"), file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

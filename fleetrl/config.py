@@ -8,12 +8,14 @@ Cross-field rules are validators whose errors name the offending field; a bad co
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 LrSchedule = Literal["constant", "linear", "cosine"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "sum"]
@@ -41,6 +43,22 @@ class Config(BaseModel):
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Trainer weight dtype.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
 
+    # --- LoRA (docs/guide.md "LoRA"; needs the `lora` extra: peft) ---
+    lora_rank: int = Field(0, ge=0, description="LoRA rank r; 0 = full fine-tuning.")
+    lora_alpha: float | None = Field(
+        None, gt=0, description="LoRA scale numerator (update = alpha/r * BA); None = 2 * lora_rank."
+    )
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the LoRA input (training only).")
+    lora_target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Modules that get adapters: names (q_proj, v_proj, ...) or every decoder linear."
+    )
+    warm_start_from_adapter: str | None = Field(
+        None, description="A PEFT adapter folder (adapter_config.json) to start from; its rank must equal lora_rank."
+    )
+    export_merged: bool = Field(
+        False, description="LoRA: also write the merged model in HF format to output_dir/merged."
+    )
+
     # --- data ---
     dataset: str | None = Field(None, description="Prompt rows: a JSONL or Parquet file (or rows via main()).")
     max_rows: int | None = Field(None, ge=1, description="Use at most this many dataset rows.")
@@ -58,7 +76,7 @@ class Config(BaseModel):
     adam_beta2: float = Field(0.999, ge=0, lt=1, description="AdamW beta2.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
-    grad_clip_norm: float | None = Field(1.0, gt=0, description="Clip grad norm; None = off.")
+    grad_clip_norm: float | None = Field(1.0, gt=0, description="Clip grad norm; None (or 0.0) = off.")
 
     # --- rollouts and sampling ---
     completions_per_prompt: int = Field(8, description="G: samples per prompt (group size), >= 2.")
@@ -67,13 +85,21 @@ class Config(BaseModel):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 = full distribution.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 = off.")
-    max_seq_len: int = Field(2048, ge=2, description="Longest trajectory (prompt + completion).")
+    max_seq_len: int | None = Field(
+        2048, ge=2, description="Longest trajectory (prompt + completion); longer ones are dropped. None = no cap."
+    )
     advantage_mode: Literal["standardize", "center"] = Field(
         "standardize", description="Group advantage: (r-mean)/std, or mean-centering only."
     )
     max_concurrency: int | None = Field(None, description="C: rollout samples in flight at once; None = unbounded.")
     rollout_extras: dict[str, Any] = Field(
         default_factory=dict, description="Free-form values handed to the rollout factory."
+    )
+    min_group_size: int = Field(
+        2, ge=2, description="A row with fewer valid samples is rejected (the gateway's min_samples wins when set)."
+    )
+    max_incomplete_group_retries: int = Field(
+        0, ge=0, description="Times a row short of min_group_size runs its failed members again before rejection."
     )
 
     # --- loss ---
@@ -103,7 +129,7 @@ class Config(BaseModel):
 
     # --- asynchrony and weight sync ---
     max_head_offpolicy_versions: int = Field(
-        1, description="O: how many versions a sample may lag the trained policy; 0 = on-policy."
+        0, description="O: how many versions a sample may lag the trained policy; 0 = on-policy (the default)."
     )
     synchronous_training: bool = Field(
         False, description="Strict on-policy: generate step k+1 only after step k is published."
@@ -117,6 +143,37 @@ class Config(BaseModel):
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
     evaluation_interval: int = Field(0, ge=0, description="Evaluate every N steps; 0 = start/end.")
     eval_dataset: str | None = Field(None, description="Held-out rows (JSONL or Parquet) for the evaluation hook.")
+
+    # --- experiment trackers and sample logging (docs/trackers.md; wandb/tensorboard/mlflow need the `trackers` extra)
+    loggers: list[str] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="Where per-step metrics go: jsonl (always on), wandb, tensorboard, mlflow.",
+    )
+    wandb_project: str = Field("fleetrl", description="W&B project.")
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user); None = your default.")
+    wandb_run_name: str | None = Field(None, description="W&B run name; None = the log folder's name.")
+    wandb_tags: list[str] = Field(default_factory=list, description="W&B tags of the run.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None = a local file store in <log_path>/mlruns."
+    )
+    mlflow_experiment: str = Field("fleetrl", description="MLflow experiment name (created if missing).")
+    log_samples_interval: int = Field(
+        10, ge=0, description="Log a few decoded samples every N steps (samples.jsonl and trackers); 0 = off."
+    )
+    log_samples_count: int = Field(4, ge=1, description="Samples logged per logging step.")
+
+    @field_validator("loggers")
+    @classmethod
+    def _known_loggers(cls, value: list[str]) -> list[str]:
+        from fleetrl.trackers.names import check_logger_names
+
+        return check_logger_names(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cookbook_spellings(cls, data: Any) -> Any:
+        """The cookbook's names and "off" values: renamed fields work as aliases, the rest fail saying what to use."""
+        return cookbook_spellings(data) if isinstance(data, dict) else data
 
     @model_validator(mode="before")
     @classmethod
@@ -147,7 +204,9 @@ class Config(BaseModel):
             )
         if self.policy_loss not in LOSS_NAMES:
             raise ValueError(f"policy_loss {self.policy_loss!r} is not one of {list(LOSS_NAMES)}")
-        if self.max_completion_tokens >= self.max_seq_len:
+        if self.min_group_size > g:
+            raise ValueError(f"min_group_size ({self.min_group_size}) must be <= completions_per_prompt ({g})")
+        if self.max_seq_len is not None and self.max_completion_tokens >= self.max_seq_len:
             raise ValueError(
                 f"max_completion_tokens ({self.max_completion_tokens}) must be < max_seq_len "
                 f"({self.max_seq_len}) to leave room for the prompt"
@@ -168,9 +227,39 @@ class Config(BaseModel):
                 f"{o + 1} steps (synchronous_training = {self.synchronous_training}, stale_policy = "
                 f"{self.stale_policy!r})"
             )
+        self._check_lora()
         if self.lr_warmup_steps and self.max_steps and self.lr_warmup_steps > self.max_steps:
             raise ValueError(f"lr_warmup_steps ({self.lr_warmup_steps}) must be <= max_steps ({self.max_steps})")
         return self
+
+    def _check_lora(self) -> None:
+        """LoRA settings without lora_rank > 0 would be silently ignored: refuse them, naming the field."""
+        if self.lora_rank > 0:
+            if self.lora_target_modules != "all-linear" and not self.lora_target_modules:
+                raise ValueError("lora_target_modules: name at least one module, or 'all-linear'")
+            return
+        lora_only = {
+            "lora_alpha": self.lora_alpha is not None,
+            "lora_dropout": self.lora_dropout != 0.0,
+            "lora_target_modules": self.lora_target_modules != "all-linear",
+            "warm_start_from_adapter": self.warm_start_from_adapter is not None,
+            "export_merged": self.export_merged,
+        }
+        for name, is_set in lora_only.items():
+            if is_set:
+                raise ValueError(
+                    f"{name} is a LoRA setting: it needs lora_rank > 0 (lora_rank = 0 is full fine-tuning)"
+                )
+
+    @property
+    def lora(self) -> bool:
+        """True for a LoRA run (lora_rank > 0): the trainer trains and publishes only the adapter."""
+        return self.lora_rank > 0
+
+    @property
+    def lora_scale_alpha(self) -> float:
+        """lora_alpha, or its default 2 * lora_rank."""
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_rank
 
     @property
     def batch_size(self) -> int:
@@ -194,15 +283,57 @@ class Config(BaseModel):
         tables = read_config_file(path)
         data = dict(tables.get("run", tables))
         data.update(overrides or {})
-        return cls.load(data, source=str(path))
+        return cls.load(data, source=str(path), override_keys=overrides or ())
 
     @classmethod
-    def load(cls, data: dict[str, Any], source: str = "config") -> Config:
-        """Validate a dict; raise `ConfigError` with one line per bad field."""
+    def load(cls, data: dict[str, Any], source: str = "config", override_keys: Iterable[str] = ()) -> Config:
+        """Validate a dict; raise `ConfigError` with one line per bad field. A bad field among `override_keys`
+        (the --set flags) is blamed on --set, not on `source`."""
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, source)) from None
+            raise ConfigError(format_validation_error(exc, source, cls, override_keys)) from None
+
+
+COOKBOOK_RENAMED: dict[str, str] = {
+    "lr_scheduler": "lr_schedule",
+    "ppo_n_minibatches": "num_minibatches",
+    "max_concurrency_rollout_sample": "max_concurrency",
+}
+"""Cookbook field names accepted as aliases of fleetrl's (the value means the same)."""
+COOKBOOK_REFUSED: dict[str, str] = {
+    "tis": "use tis_level ('token', 'sequence' or 'off') and tis_cap instead",
+    "deployment": "use tokenizer_model (top level) instead of DeployConfig.tokenizer_model; where services run is "
+    "the [up] table's business (fleetrl up / fleetrl.main options)",
+    "deploy_config": "use tokenizer_model (top level) instead of DeployConfig.tokenizer_model; where services run is "
+    "the [up] table's business (fleetrl up / fleetrl.main options)",
+}
+"""Cookbook fields whose meaning differs: refused with what to write instead."""
+
+
+def cookbook_spellings(data: dict[str, Any]) -> dict[str, Any]:
+    """Map the cookbook's spellings onto fleetrl's: renamed fields (COOKBOOK_RENAMED), `grad_clip_norm = 0.0` (off,
+    as None), a `deployment` table holding only `tokenizer_model`; `ValueError` naming the field otherwise."""
+    data = dict(data)
+    for old, new in COOKBOOK_RENAMED.items():
+        if old in data:
+            if new in data:
+                raise ValueError(f"{old} is the cookbook's name for {new}: set one of them, not both")
+            data[new] = data.pop(old)
+    deployment = data.get("deployment", data.get("deploy_config"))
+    if isinstance(deployment, dict) and set(deployment) <= {"tokenizer_model"}:
+        data.pop("deployment", None)
+        data.pop("deploy_config", None)
+        if "tokenizer_model" in deployment:
+            if data.get("tokenizer_model") not in (None, deployment["tokenizer_model"]):
+                raise ValueError("deployment.tokenizer_model and tokenizer_model disagree: set tokenizer_model only")
+            data["tokenizer_model"] = deployment["tokenizer_model"]
+    for old, advice in COOKBOOK_REFUSED.items():
+        if old in data:
+            raise ValueError(f"{old}: not a fleetrl field; {advice}")
+    if data.get("grad_clip_norm") == 0:
+        data["grad_clip_norm"] = None  # the cookbook's "off"
+    return data
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
@@ -232,13 +363,35 @@ def build_service_config(cls: type[BaseModel], data: dict[str, Any], label: str,
         raise error(f"invalid {label} config: " + "; ".join(lines)) from None
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    lines = [f"{source}: invalid config"]
+def format_validation_error(
+    exc: ValidationError,
+    source: str,
+    model: type[BaseModel] | None = None,
+    override_keys: Iterable[str] = (),
+    prefix: str = "",
+) -> str:
+    """One line per bad field under a `source: invalid config` header. An unknown field names the closest known
+    one of `model` ("max_step: unknown field, did you mean max_steps?"); a field set by a --set flag
+    (`override_keys`) is blamed on the flag, and when every bad field came from --set the header says so."""
+    overrides = set(override_keys)
+    errors = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(cross-field)"
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+        if err["type"] == "extra_forbidden":
+            msg = unknown_field_message(str(err["loc"][-1]), list(model.model_fields) if model else [])
+        where = f"{prefix}{where}" if err["loc"] else where
+        errors.append((bool(err["loc"]) and str(err["loc"][0]) in overrides, f"{where}: {msg}"))
+    if errors and all(from_flag for from_flag, _ in errors):
+        return "\n".join(["--set: invalid config", *(f"  {line}" for _, line in errors)])
+    lines = [f"  {'--set ' if from_flag else ''}{line}" for from_flag, line in errors]
+    return "\n".join([f"{source}: invalid config", *lines])
+
+
+def unknown_field_message(name: str, known: Iterable[str]) -> str:
+    """'unknown field, did you mean <closest>?' (difflib), or 'unknown field' when nothing is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"unknown field, did you mean {close[0]}?" if close else "unknown field"
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -251,3 +404,45 @@ def parse_override(item: str) -> tuple[str, Any]:
     except tomllib.TOMLDecodeError:
         value = raw
     return key.strip(), value
+
+
+def check_warm_start_adapter(cfg: Config) -> dict[str, Any] | None:
+    """The adapter config of `cfg.warm_start_from_adapter` (None when unset), checked against the run's LoRA
+    settings; `ConfigError` naming the field when the folder is missing, is no PEFT LoRA adapter, or disagrees.
+
+    Called where the adapter is read (the trainer), not by every service that parses the run config: the path
+    need only exist on the trainer's machine."""
+    if cfg.warm_start_from_adapter is None:
+        return None
+    folder = Path(cfg.warm_start_from_adapter).expanduser()
+    name = "warm_start_from_adapter"
+    if not folder.is_dir():
+        raise ConfigError(f"{name}: no adapter folder at {folder}")
+    config_file = folder / "adapter_config.json"
+    try:
+        saved = json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{name}: {folder} has no adapter_config.json (not a PEFT adapter)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{name}: {config_file} is not valid JSON: {exc}") from None
+    if not isinstance(saved, dict) or saved.get("peft_type") != "LORA":
+        kind = saved.get("peft_type") if isinstance(saved, dict) else None
+        raise ConfigError(f"{name}: {folder} is not a LoRA adapter (peft_type {kind!r})")
+    if saved.get("r") != cfg.lora_rank:
+        raise ConfigError(f"{name}: the adapter's rank is {saved.get('r')}, but lora_rank = {cfg.lora_rank}")
+    if cfg.lora_alpha is not None and saved.get("lora_alpha") != cfg.lora_alpha:
+        raise ConfigError(
+            f"{name}: the adapter's lora_alpha is {saved.get('lora_alpha')}, but lora_alpha = {cfg.lora_alpha} "
+            "(leave lora_alpha unset to take the adapter's)"
+        )
+    # "all-linear" is resolved to module names when an adapter is made, so only a list can be compared.
+    if "lora_target_modules" in cfg.model_fields_set and isinstance(cfg.lora_target_modules, list):
+        theirs = saved.get("target_modules")
+        theirs = sorted(theirs) if isinstance(theirs, list) else theirs
+        ours = sorted(cfg.lora_target_modules)
+        if theirs != ours:
+            raise ConfigError(
+                f"{name}: the adapter targets {theirs}, but lora_target_modules = {ours} "
+                "(leave lora_target_modules unset to take the adapter's)"
+            )
+    return saved

@@ -59,14 +59,9 @@ def _train_logprobs(logits_LV: torch.Tensor, batch) -> torch.Tensor:
 
 
 def run(steps: int, loss: str, offpolicy: int, seed: int) -> list[float]:
-    cfg = Config(
-        policy_loss=loss,
-        max_head_offpolicy_versions=offpolicy,
-        seed=seed,
-        completions_per_prompt=8,
-        prompt_groups_per_step=4,
-        kl_beta=0.0,
-    )
+    fields = {"policy_loss": loss, "max_head_offpolicy_versions": offpolicy, "seed": seed, "kl_beta": 0.0}
+    # ConfigError (one line per bad field) for e.g. --loss bogus: `fleetrl` prints it without a traceback.
+    cfg = Config.load({**fields, "completions_per_prompt": 8, "prompt_groups_per_step": 4}, "fleetrl demo")
     torch.manual_seed(seed)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     target = [rng.randrange(VOCAB) for _ in range(LENGTH)]

@@ -33,3 +33,36 @@ SAMPLES_PER_S = "perf/samples_per_s"
 STEP_TIME = "perf/step_time"
 
 PROGRESS_DONE_FRAC = "progress/done_frac"
+
+# --- the rest of a per-step line: trainer figures (fleetrl.trainer), rollout statistics (fleetrl.step_metrics) ---
+OPTIMIZER_STEPS = "optim/steps"
+EMPTY_STEP = "train/empty_step"
+REWARD_STD = "rollout/reward_std"
+REWARD_MIN = "rollout/reward_min"
+REWARD_MAX = "rollout/reward_max"
+TOKENS_PER_TURN = "rollout/ac_tokens_per_turn"
+TOKENS_GENERATED = "rollout/tokens_generated"
+GROUPS_FILTERED = "rollout/groups_filtered"
+TRACKER_FAILURES = "trackers/failures"
+
+# The loss's own figures (fleetrl.losses.policy_loss returns them unprefixed, as a loss function's vocabulary):
+# their names in a per-step line. ``train/`` for the loss's terms, ``optim/`` for policy drift.
+LOSS_METRIC_KEYS: dict[str, str] = {
+    "clip_frac": "train/clip_frac",
+    "dual_clip_frac": "train/dual_clip_frac",
+    "ratio_mean": "train/ratio_mean",
+    "tis_weight_mean": "train/tis_weight_mean",
+    "tis_clip_frac": "train/tis_clip_frac",
+    "icepop_frac": "train/icepop_frac",
+    "ref_kl": KL_REFERENCE,
+    "entropy": ENTROPY,
+    "ppo_kl": "optim/ppo_kl",
+    "kl_sample_train_v1": KL_SAMPLE_TRAIN,
+    "kl_sample_train_v2": "optim/kl_sample_train_v2",
+}
+
+
+def loss_metric_key(name: str) -> str:
+    """The per-step name of a figure `policy_loss` returns: `clip_frac` -> `train/clip_frac`; a figure a loss
+    variant adds that is not listed goes under ``train/`` too."""
+    return LOSS_METRIC_KEYS.get(name, name if "/" in name else f"train/{name}")

@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fleetrl.metric_names import EMPTY_STEP
+
 SUPERSEDED = "metrics.superseded.jsonl"
 
 
@@ -75,8 +77,8 @@ def cut_to_version(path: Path, version: int) -> int:
 
 
 def steps_without_update(path: Path, up_to: int) -> int:
-    """How many of steps 1..`up_to` in the record were empty (no trainable group: the trainer's `empty_step`)."""
+    """How many of steps 1..`up_to` in the record were empty (no trainable group: the trainer's `train/empty_step`)."""
     if not path.exists():
         return 0
     steps, _ = one_per_step(read_lines(path))
-    return sum(1 for line in steps if 0 < int(line.get("step", 0)) <= up_to and line.get("empty_step"))
+    return sum(1 for line in steps if 0 < int(line.get("step", 0)) <= up_to and line.get(EMPTY_STEP))

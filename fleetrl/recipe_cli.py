@@ -61,8 +61,9 @@ def recipe_config(args: argparse.Namespace, defaults: Mapping[str, Any], **field
     then `fields`, then each --set KEY=VALUE, so --set always wins. Raises `ConfigError` for a --set without '=' or
     for an invalid config (the message names the field)."""
     data = {**defaults, "base_model": args.model, "log_path": args.log_path, "max_steps": args.steps, **fields}
-    data.update(parse_override(s) for s in args.set)
-    return Config.load(data, source="train.py")
+    overrides = dict(parse_override(s) for s in args.set)
+    data.update(overrides)
+    return Config.load(data, source="train.py", override_keys=overrides)
 
 
 def write_rows(path: str | Path, rows: Iterable[Mapping[str, Any]]) -> None:

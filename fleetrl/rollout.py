@@ -1,12 +1,27 @@
 """The rollout contract: what a user's rollout function returns and what its factory receives.
 
-A user writes `make_rollout_fn(setup: RolloutSetup) -> async rollout_fn(sample_prompt) -> RolloutSample | None`.
-Multi-turn trajectories flatten into one `RolloutSample`; turns are implicit in `loss_mask` transitions
-(1 on tokens the policy generated, 0 on prompt, tool and user tokens).
+A user writes `make_rollout_fn(setup: RolloutSetup) -> async rollout_fn(sample_prompt) -> result`, where the
+result is one of:
+
+- a `RolloutSample`: one trajectory, flattened; turns are implicit in `loss_mask` transitions (1 on tokens the
+  policy generated, 0 on prompt, tool and user tokens);
+- a `RolloutRun`: one trajectory as several segments, each with its own tokens, logprobs and mask (the current
+  cookbook's shape). A segment whose tokens start with the previous segment's tokens extends it and is merged into
+  one sample; a segment that does not (the observation was rewritten, e.g. a truncated history) starts a new
+  sample. Every sample of a run carries the run's reward (see `RolloutRun`);
+- None: drop this sample (counted).
+
+Anything else stops the gateway (`RolloutReturnTypeError`, exit code 4): a wrong return type is a bug in the
+rollout function, not a bad sample, and a run that drops every sample trains nothing.
+
+The rollout function may declare the cookbook's context keyword arguments (`ROLLOUT_CONTEXT_ARGS`:
+`rollout_fn(row, *, rollout_idx, epoch, ...)`); it receives those it declares. A function marked with
+`group_rollout` is called once per row for the whole group instead (the Tinker adapter, `fleetrl.tinker`).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -140,5 +155,139 @@ class RolloutSetup:
     max_seq_len: int | None = None
 
 
-RolloutFn = Callable[[dict[str, Any]], Awaitable[RolloutSample | None]]
+class RolloutReturnTypeError(TypeError):
+    """A rollout function returned something that is neither a RolloutSample, a RolloutRun, a list of them, nor None:
+    a bug in the rollout code that stops the gateway (every sample would be dropped)."""
+
+
+@dataclass
+class RolloutSegment:
+    """One stretch of a trajectory the trainer sees as one sequence: tokens with their logprobs and mask.
+
+    Attributes:
+        tokens: token ids of the segment (its observation, then what the policy generated, ...).
+        logprobs: per-token sampler logprob; 0.0 where the policy did not generate.
+        loss_mask: 1 on policy-generated tokens, 0 elsewhere.
+        versions: policy version per token (None when unknown).
+    """
+
+    tokens: list[int]
+    logprobs: list[float]
+    loss_mask: list[int]
+    versions: list[int] | None = None
+
+
+@dataclass
+class RolloutRun:
+    """One trajectory returned as segments (the cookbook's multi-segment return).
+
+    Segments are joined in order: a segment whose tokens start with everything gathered so far (the next turn's
+    observation extends the last one) adds only its new tokens to the same sample; one that does not starts a new
+    sample. So an append-only multi-turn chat becomes one sample, and a trajectory whose observation is rewritten
+    becomes several samples of the same group, each with the run's reward, finish reason and metrics. Group
+    advantages are computed over samples, so a run split into k samples counts k times in its group's mean and std
+    (exact per-trajectory advantages would need the trainer to know which samples share a trajectory).
+
+    Attributes:
+        segments: RolloutSegment (or RolloutSample, whose reward is ignored) in order.
+        reward: scalar reward of the whole trajectory.
+        finish_reason, text, metrics: as on `RolloutSample` (text and finish_reason go to the last sample).
+    """
+
+    segments: list[Any]
+    reward: float
+    finish_reason: str = "stop"
+    text: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_samples(self) -> list[RolloutSample]:
+        """The run as trainable samples (see the class docstring); raises `InvalidSampleError` for a bad segment."""
+        if not isinstance(self.segments, list | tuple) or not self.segments:
+            raise InvalidSampleError("segments", "a RolloutRun needs at least one segment")
+        merged: list[RolloutSegment] = []
+        for i, seg in enumerate(self.segments):
+            for name in ("tokens", "logprobs", "loss_mask"):
+                if not isinstance(getattr(seg, name, None), list | tuple):
+                    raise InvalidSampleError(f"segments[{i}].{name}", "missing or not a list")
+            tokens, logprobs, mask = list(seg.tokens), list(seg.logprobs), list(seg.loss_mask)
+            versions = getattr(seg, "versions", None)
+            versions = list(versions) if versions is not None else None
+            last = merged[-1] if merged else None
+            if last is not None and len(tokens) > len(last.tokens) and tokens[: len(last.tokens)] == last.tokens:
+                n = len(last.tokens)  # extends: keep what the earlier segment said about the shared prefix
+                last.tokens += tokens[n:]
+                last.logprobs += logprobs[n:]
+                last.loss_mask += mask[n:]
+                if last.versions is not None and versions is not None:
+                    last.versions += versions[n:]
+                else:
+                    last.versions = None
+            else:
+                merged.append(RolloutSegment(tokens, logprobs, mask, versions))
+        return [
+            RolloutSample(
+                tokens=seg.tokens,
+                logprobs=seg.logprobs,
+                loss_mask=seg.loss_mask,
+                reward=self.reward,
+                finish_reason=self.finish_reason if i == len(merged) - 1 else "stop",
+                text=self.text if i == len(merged) - 1 else "",
+                versions=seg.versions,
+                metrics=dict(self.metrics),
+            )
+            for i, seg in enumerate(merged)
+        ]
+
+
+def rollout_result_samples(result: Any) -> list[RolloutSample] | None:
+    """What one rollout call returned, as samples: None stays None (dropped), a RolloutSample is one sample, a
+    RolloutRun its samples. Anything else raises `RolloutReturnTypeError` naming the type."""
+    if result is None or isinstance(result, RolloutSample):
+        return None if result is None else [result]
+    if isinstance(result, RolloutRun):
+        return result.to_samples()
+    raise RolloutReturnTypeError(
+        f"the rollout function returned {type(result).__module__}.{type(result).__qualname__}; it must return a "
+        "RolloutSample, a RolloutRun or None (fleetrl.rollout)"
+    )
+
+
+ROLLOUT_CONTEXT_ARGS: tuple[str, ...] = (
+    "cursor_index",
+    "epoch",
+    "rollout_idx",
+    "evaluation",
+    "row_id",
+    "submit_version",
+    "attempt",
+)
+"""Keyword arguments a rollout function receives when it declares them (or takes **kwargs): cursor_index (the
+row's index in the dataset), epoch, rollout_idx (0..G-1 within the group), evaluation (False for training rows),
+row_id (the controller's id: epoch * rows + cursor_index), submit_version (the policy version the row was admitted
+at), attempt (the lease attempt, 1 on first lease)."""
+
+
+def declared_context_args(fn: Callable[..., Any]) -> tuple[str, ...]:
+    """The context keyword arguments `fn` declares (all of them when it takes **kwargs); inspected once."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: give it nothing extra
+        return ()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return ROLLOUT_CONTEXT_ARGS
+    return tuple(name for name in ROLLOUT_CONTEXT_ARGS if name in params)
+
+
+def group_rollout(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark `fn` as a group rollout: `async fn(row, n) -> Sequence[result]` is called once per row and returns the
+    n results of the group together, so it can score the whole group at once (the Tinker adapter does)."""
+    fn.__fleetrl_group_rollout__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def is_group_rollout(fn: Any) -> bool:
+    return bool(getattr(fn, "__fleetrl_group_rollout__", False))
+
+
+RolloutFn = Callable[[dict[str, Any]], Awaitable[RolloutSample | RolloutRun | None]]
 RolloutFnFactory = Callable[[RolloutSetup], RolloutFn]

@@ -75,3 +75,16 @@ def next_rollout_seed() -> int | None:
     """The seed for the next sampling call of the current rollout, or None outside a rollout."""
     scope = _SCOPE.get()
     return None if scope is None else scope.next_seed()
+
+
+@contextmanager
+def member_seed_scope(member: int) -> Iterator[RolloutSeedScope | None]:
+    """Inside a group rollout's scope (sample index s), seed member `member`'s calls as sample s + member, so each
+    member of a group sampled concurrently gets seeds of its own in a fixed order. No-op outside a scope."""
+    parent = _SCOPE.get()
+    if parent is None:
+        yield None
+        return
+    k = parent.key
+    with rollout_seed_scope(RolloutKey(k.run_seed, k.row_id, k.version, k.sample_index + member)) as scope:
+        yield scope

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from rich.progress import Progress, TextColumn, track
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -45,34 +46,46 @@ def sft(model, tokenizer, rows: list[dict], steps: int, batch: int, lr: float, s
     optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
     model.train()
-    for step in range(steps):
-        picked = [rng.choice(rows) for _ in range(batch)]
-        examples = [encode_example(tokenizer, row, noisy_answer(row, rng, noise)) for row in picked]
-        width = max(len(t) for t, _ in examples)
-        tokens = torch.full((batch, width), tokenizer.eos_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, width))
-        for i, (t, m) in enumerate(examples):
-            tokens[i, : len(t)] = torch.tensor(t)
-            mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        logits = model(input_ids=tokens[:, :-1]).logits
-        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
-        loss = -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
-        optim.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        for group in optim.param_groups:  # linear decay to 10 %
-            group["lr"] = lr * (1 - 0.9 * step / max(steps - 1, 1))
-        optim.step()
-        losses.append(float(loss.detach()))
+    columns = (*Progress.get_default_columns(), TextColumn("loss {task.fields[loss]}"))
+    with Progress(*columns) as progress:  # a live bar on a terminal; its last state once in a log
+        task = progress.add_task("supervised warm start", total=steps, loss="?")
+        for step in range(steps):
+            loss = sft_step(model, tokenizer, rows, optim, rng, batch, noise)
+            for group in optim.param_groups:  # linear decay to 10 %
+                group["lr"] = lr * (1 - 0.9 * step / max(steps - 1, 1))
+            optim.step()
+            losses.append(loss)
+            if step % 20 == 0 or step == steps - 1:
+                progress.update(task, loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+            progress.advance(task)
     model.eval()
     return losses
+
+
+def sft_step(model, tokenizer, rows: list[dict], optim, rng: random.Random, batch: int, noise: float) -> float:
+    """One batch's loss and gradients (clipped); the caller sets the learning rate and steps the optimizer."""
+    picked = [rng.choice(rows) for _ in range(batch)]
+    examples = [encode_example(tokenizer, row, noisy_answer(row, rng, noise)) for row in picked]
+    width = max(len(t) for t, _ in examples)
+    tokens = torch.full((batch, width), tokenizer.eos_token_id, dtype=torch.long)
+    mask = torch.zeros((batch, width))
+    for i, (t, m) in enumerate(examples):
+        tokens[i, : len(t)] = torch.tensor(t)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    logits = model(input_ids=tokens[:, :-1]).logits
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    loss = -(logprobs * mask[:, 1:]).sum() / mask[:, 1:].sum()
+    optim.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    return float(loss.detach())
 
 
 @torch.no_grad()
 def greedy_answers(model, tokenizer, rows: list[dict], max_new: int = 5) -> list[str | None]:
     """Each problem's greedy completion, or None when it did not end with end-of-text within `max_new` tokens."""
     answers: list[str | None] = []
-    for row in rows:
+    for row in track(rows, description="held-out greedy answers"):
         prompt = tokenizer.encode(row["prompt"])
         ids, stopped = torch.tensor([prompt]), False
         for _ in range(max_new):

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     check_rows(args.data)
     cfg = build_config(args)
-    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, **up_options(args))
+    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, **up_options(args))["exit_code"]
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ tokens plus the template's tokens for the feedback message, so the sample trains
 produced. loss_mask is 1 on assistant tokens, 0 on the prompt and feedback. Reward: `reward.compute_reward`.
 
 rollout_extras: max_turns (default 3), retry_discount (0.5), max_seq_len (stop before a turn would not fit).
+Written against the current cookbook contract: `build_deployment_sampler(setup)` and a `RolloutRun` with one
+segment per model call (each extends the last, so fleetrl trains them as one sample).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from reward import compute_reward, feedback_message, is_correct
 from trajectory import ChatTrajectory, message_delta_tokens, turn_end_tokens
 
-from fleetrl import RolloutSample, RolloutSetup
+from fleetrl import RolloutRun, RolloutSetup, build_deployment_sampler
 from fleetrl.rollout import RolloutFn
 
 
@@ -25,6 +27,7 @@ def make_rollout_fn(setup: RolloutSetup) -> RolloutFn:
     if max_turns < 1:
         raise ValueError(f"rollout_extras.max_turns must be >= 1, got {max_turns}")
     turn_end = turn_end_tokens(setup.tokenizer)  # fails at start, not per rollout, when there is no chat template
+    sampler = build_deployment_sampler(setup)
     sample_kwargs = dict(setup.sample_kwargs)
     if turn_end and turn_end[0] in set(setup.tokenizer.all_special_ids):
         # A reply ends at the template's end-of-turn token (<|im_end|>, <|eot_id|>, ...) even when the model's
@@ -32,11 +35,11 @@ def make_rollout_fn(setup: RolloutSetup) -> RolloutFn:
         stops = {*sample_kwargs.get("stop_token_ids", ()), turn_end[0]}
         sample_kwargs["stop_token_ids"] = sorted(stops)
 
-    async def rollout_fn(row: dict) -> RolloutSample | None:
+    async def rollout_fn(row: dict) -> RolloutRun | None:
         traj = ChatTrajectory.start(setup.tokenizer, row["messages"])
         turns, correct, reply, finish_reason = 0, False, "", "stop"
         while True:
-            (completion,) = await setup.sampler.sample_with_prompt_tokens(traj.tokens, n=1, **sample_kwargs)
+            (completion,) = await sampler.sample_with_prompt_tokens(traj.tokens, n=1, **sample_kwargs)
             traj.add_completion(completion)
             turns += 1
             reply, finish_reason = completion.text, completion.finish_reason
@@ -54,6 +57,6 @@ def make_rollout_fn(setup: RolloutSetup) -> RolloutFn:
             return None  # the model generated nothing at all
         reward = compute_reward(correct, turns, retry_discount)
         metrics = {"correct": float(correct), "turns": float(turns), "first_try_correct": float(correct and turns == 1)}
-        return traj.to_sample(reward, finish_reason, reply, metrics)
+        return traj.to_run(reward, finish_reason, reply, metrics)
 
     return rollout_fn

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_rows:
         write_rows(args.write_rows, rows)
         return 0
-    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))
+    return fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))["exit_code"]
 
 
 if __name__ == "__main__":

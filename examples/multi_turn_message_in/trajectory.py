@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetrl import RolloutSample
+from fleetrl import RolloutRun, RolloutSample, RolloutSegment
 
 _MARKER = "\u2063fleetrl-assistant-turn\u2063"  # assistant text unlikely to occur in a template or be merged with
 
@@ -126,6 +126,21 @@ class ChatTrajectory:
         last = self.calls[-1].generated_tokens
         self._append_context(missing_turn_end(last, turn_end_tokens(self.tokenizer)))
         self._append_context(message_delta_tokens(self.tokenizer, message))
+
+    def to_run(self, reward: float, finish_reason: str, text: str, metrics: dict[str, float]) -> RolloutRun:
+        """The conversation as the cookbook's RolloutRun: one segment per model call (its prompt and what it
+        generated). Each segment extends the previous one, so fleetrl joins them into one sample (`to_sample`)."""
+        segments, end = [], 0
+        for call in self.calls:
+            end = len(call.prompt_tokens) + len(call.generated_tokens)
+            segments.append(
+                RolloutSegment(self.tokens[:end], self.logprobs[:end], self.loss_mask[:end], self.versions[:end])
+            )
+        if end < len(self.tokens):  # context appended after the last call: part of the trajectory, never trained
+            segments.append(
+                RolloutSegment(list(self.tokens), list(self.logprobs), list(self.loss_mask), list(self.versions))
+            )
+        return RolloutRun(segments, reward, finish_reason, text, metrics)
 
     def to_sample(self, reward: float, finish_reason: str, text: str, metrics: dict[str, float]) -> RolloutSample:
         return RolloutSample(

@@ -55,7 +55,7 @@ def read_rows(path: str) -> list[dict[str, Any]]:
 def samples_per_s(log_path: str | Path) -> dict[str, float]:
     """Throughput of a finished run from its metrics.jsonl: samples trained per second of wall time from the end of
     the first step (start-up excluded) to the end of the last, and the mean fraction of each step the trainer spent
-    waiting for rollouts. (Averaging the per-step `perf/step_samples_per_s` instead would overweight the short steps
+    waiting for rollouts. (Averaging the per-step `perf/samples_per_s` instead would overweight the short steps
     whose groups were ready in advance.)"""
     lines = (Path(log_path) / "metrics.jsonl").read_text().splitlines()
     steps = [m for m in map(json.loads, filter(str.strip, lines)) if "data/samples" in m]  # not eval/ lines
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_rows:
         write_rows(args.write_rows, rows)
         return 0
-    code = fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))
+    code = fleetrl.main(cfg, rollout_fn_factory=ROLLOUT, rows=rows, **up_options(args))["exit_code"]
     if code == 0:
         mode = "sync" if cfg.synchronous_training else f"async O={cfg.max_head_offpolicy_versions}"
         print(f"tool_use ({mode}): {json.dumps(samples_per_s(cfg.log_path))}")

@@ -2,7 +2,7 @@
 
 A run that ends with no trained step (every row rejected or failed) or only empty steps must not end as a
 success: the trainer would export the untrained base model as the run's final model. What counts as trained: a
-step whose batch updated the weights. A step with no trainable group (the trainer reports `empty_step`: every
+step whose batch updated the weights. A step with no trainable group (the trainer reports `train/empty_step`: every
 group it was handed had fewer than 2 valid samples, or was refused) advances the version without an update, so it
 does not count.
 

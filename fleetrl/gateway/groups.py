@@ -1,30 +1,59 @@
 """Group assembly: G rollout results for one row -> a `RolloutGroup` to send, or the reason it is not sent.
 
-Each result is a `RolloutSample`, None (the rollout chose to drop the sample), or an exception. Invalid samples
-are dropped and counted with the validation message (`fleetrl.groups.split_valid`); a group with fewer than
-`min_samples` survivors, or one the dynamic filter refuses (e.g. every reward equal: zero advantage, nothing to
-learn), is rejected.
+Each result is a `RolloutSample`, a `RolloutRun` (one or more samples), None (the rollout chose to drop the
+sample), or an exception; any other type raises `RolloutReturnTypeError` (the gateway stops: a bug, not a bad
+sample). Invalid samples are dropped and counted with the validation message (`fleetrl.groups.split_valid`); a group
+with fewer than `min_samples` survivors, or one the dynamic filter refuses (e.g. every reward equal: zero advantage,
+nothing to learn), is rejected.
+
+The dynamic filter receives a `PromptGroup` (the cookbook's shape: `.rewards`, `.samples`, `.row`); a filter written
+for a bare list of samples keeps working, since a `PromptGroup` iterates, indexes and measures as its samples.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from fleetrl.groups import RolloutGroup, split_valid
-from fleetrl.rollout import RolloutSample
+from fleetrl.rollout import InvalidSampleError, RolloutSample, rollout_result_samples
 
 log = logging.getLogger(__name__)
-DynamicFilter = Callable[[Sequence[RolloutSample]], bool]
 DROP_REASONS: tuple[str, ...] = ("none", "error", "invalid", "too_long")
 """Why `assemble_group` drops a sample: the keys of `AssembledGroup.dropped` (and of RowReport.samples_dropped)."""
 
 
-def drop_uniform_rewards(samples: Sequence[RolloutSample]) -> bool:
+@dataclass
+class PromptGroup(Sequence[RolloutSample]):
+    """What the dynamic filter sees: the valid samples of one row, their rewards and the row itself."""
+
+    samples: list[RolloutSample]
+    row: dict[str, Any] = field(default_factory=dict)
+    row_id: int = -1
+
+    @property
+    def rewards(self) -> list[float]:
+        return [float(s.reward) for s in self.samples]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __iter__(self) -> Iterator[RolloutSample]:
+        return iter(self.samples)
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        return self.samples[index]
+
+
+DynamicFilter = Callable[[PromptGroup], bool]
+
+
+def drop_uniform_rewards(group: PromptGroup | Sequence[RolloutSample]) -> bool:
     """Keep a group only if its rewards differ (the DAPO dynamic-sampling filter)."""
-    return len({s.reward for s in samples}) > 1
+    return len({float(s.reward) for s in group}) > 1
 
 
 @dataclass
@@ -44,7 +73,7 @@ class AssembledGroup:
 def assemble_group(
     row_id: int,
     submit_version: int,
-    results: Sequence[RolloutSample | BaseException | None],
+    results: Sequence[Any],
     min_samples: int = 2,
     dynamic_filter: DynamicFilter | None = None,
     source: str = "",
@@ -52,24 +81,31 @@ def assemble_group(
     attempt: int = 0,
     vocab_size: int | None = None,
     lease_tag: int = 0,
+    row: dict[str, Any] | None = None,
 ) -> AssembledGroup:
+    """Raises `RolloutReturnTypeError` when a result is of no known type (see the module docstring)."""
     candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
     for result in results:
-        if result is None:
-            dropped["none"] += 1
-        elif isinstance(result, BaseException):
+        if isinstance(result, BaseException):
             dropped["error"] += 1
-        elif not isinstance(result, RolloutSample):
+            continue
+        try:
+            samples = rollout_result_samples(result)
+        except InvalidSampleError as exc:  # a RolloutRun with a malformed segment
             dropped["invalid"] += 1
-            log.warning("row %d: rollout returned %s, expected RolloutSample or None", row_id, type(result).__name__)
-        elif max_seq_len is not None and len(result.tokens) > max_seq_len:
-            dropped["too_long"] += 1
-            log.warning(
-                "row %d: dropped a sample of %d tokens > max_seq_len %d", row_id, len(result.tokens), max_seq_len
-            )
-        else:
-            candidates.append(result)
+            log.warning("row %d: dropped an invalid RolloutRun: %s", row_id, exc)
+            continue
+        if samples is None:
+            dropped["none"] += 1
+        for sample in samples or ():
+            if max_seq_len is not None and isinstance(sample.tokens, list) and len(sample.tokens) > max_seq_len:
+                dropped["too_long"] += 1
+                log.warning(
+                    "row %d: dropped a sample of %d tokens > max_seq_len %d", row_id, len(sample.tokens), max_seq_len
+                )
+            else:
+                candidates.append(sample)
     group = split_valid(
         RolloutGroup(row_id, submit_version, candidates, source=source, attempt=attempt, lease_tag=lease_tag),
         vocab_size,
@@ -80,6 +116,6 @@ def assemble_group(
     out = AssembledGroup(group, accepted=True, dropped=dropped)
     if len(group.samples) < min_samples:
         out.accepted, out.reason = False, f"only {len(group.samples)} valid samples (need {min_samples})"
-    elif dynamic_filter is not None and not dynamic_filter(group.samples):
+    elif dynamic_filter is not None and not dynamic_filter(PromptGroup(list(group.samples), dict(row or {}), row_id)):
         out.accepted, out.reason = False, "dynamic filter"
     return out

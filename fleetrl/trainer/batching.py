@@ -33,6 +33,8 @@ class StepBatch:
     row_ids: list[int]  # rows whose samples are in `samples`
     skipped_row_ids: list[int] = field(default_factory=list)  # fewer than 2 valid samples
     stats: dict[str, float] = field(default_factory=dict)
+    sample_row_ids: list[int] = field(default_factory=list)  # the row of each of `samples`
+    sample_offsets: list[int] = field(default_factory=list)  # the version offset of each of `samples`
 
     @property
     def num_samples(self) -> int:
@@ -61,6 +63,8 @@ def build_step_batch(
     samples: list[RolloutSample] = []
     advantages: list[float] = []
     row_ids: list[int] = []
+    sample_row_ids: list[int] = []
+    sample_offsets: list[int] = []
     skipped: list[int] = []
     refused = {"stale": 0, "vocab": 0}
     kept_groups: list[RolloutGroup] = []
@@ -83,7 +87,11 @@ def build_step_batch(
         samples.extend(group.samples)
         advantages.extend(group_adv)
         row_ids.append(group.row_id)
-    batch = StepBatch(samples, advantages, row_ids, skipped)
+        sample_row_ids.extend([group.row_id] * len(group.samples))
+        sample_offsets.extend(_sample_offset(s, group.submit_version, train_version) for s in group.samples)
+    batch = StepBatch(
+        samples, advantages, row_ids, skipped, sample_row_ids=sample_row_ids, sample_offsets=sample_offsets
+    )
     batch.stats = step_stats(kept_groups, batch, train_version)
     if max_offpolicy is not None:
         batch.stats["train/samples_refused_stale"] = float(refused["stale"])
@@ -100,8 +108,8 @@ def _sample_offset(sample: RolloutSample, submit_version: int, train_version: in
 
 
 def step_stats(groups: Sequence[RolloutGroup], batch: StepBatch, train_version: int) -> dict[str, float]:
-    """reward/*, env/all/<metric>, ac_tokens_per_turn, async/version_offset_mean|max (fleetrl.step_metrics), and
-    batch sizes."""
+    """rollout/* (rewards, response lengths), env/all/<metric>, async/version_offset_mean|max|min
+    (fleetrl.step_metrics), and batch sizes."""
     kept = set(batch.row_ids)
     samples: list[RolloutSample] = []
     offsets: list[int] = []

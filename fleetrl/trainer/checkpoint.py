@@ -8,6 +8,9 @@ A checkpoint is a folder `<checkpoint_dir>/step-<version>` holding:
   state,
 - `rng-rank<r>.json`: each rank's RNG states (torch, cuda, python `random`).
 
+A LoRA run (`trainable_only=True`) saves only the parameters that train (the adapter) and their optimizer
+state: the frozen base is the base model on disk, loaded again at resume.
+
 `<checkpoint_dir>/latest` names the newest complete checkpoint; it is replaced atomically only after
 every rank has finished writing, so a crash mid-save leaves the previous checkpoint as latest.
 JSON everywhere we choose the format (no pickle of our own state).
@@ -63,6 +66,13 @@ def _single_process_ok(ctx: DistContext) -> Iterator[None]:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
         yield
+
+
+def _options(trainable_only: bool) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # strict=False only with trainable_only: the frozen parameters are absent from the checkpoint on purpose.
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
 
 
 def checkpoint_path(root: str | Path, version: int) -> Path:
@@ -122,14 +132,17 @@ def save_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     state: TrainerState,
     ctx: DistContext,
+    trainable_only: bool = False,
 ) -> Path:
-    """Write a checkpoint of `state.version`; every rank must call it. Returns its folder."""
+    """Write a checkpoint of `state.version`; every rank must call it. Returns its folder.
+
+    `trainable_only`: leave out frozen parameters (a LoRA run's base model)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     path = checkpoint_path(root, state.version)
     path.mkdir(parents=True, exist_ok=True)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     with _single_process_ok(ctx):
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
     _write_atomic(path / f"rng-rank{ctx.rank}.json", json.dumps(rng_state()))
@@ -162,8 +175,11 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ctx: DistContext,
+    trainable_only: bool = False,
 ) -> TrainerState:
-    """Restore model, optimizer, scheduler and this rank's RNG from `path`; return the state."""
+    """Restore model, optimizer, scheduler and this rank's RNG from `path`; return the state.
+
+    `trainable_only`: the checkpoint holds only the trainable parameters (see `save_checkpoint`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -173,11 +189,14 @@ def load_checkpoint(
         raise FileNotFoundError(f"not a trainer checkpoint (no {STATE_FILE}): {path}")
     data = json.loads(state_file.read_text())
     state = TrainerState(**data)
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _options(trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     loaded = {"model": model_sd, "optim": optim_sd}
     with _single_process_ok(ctx):
         dcp.load(loaded, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"])
+    set_state_dict(
+        model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"], options=options
+    )
     scheduler.load_state_dict(state.scheduler)
     rng_file = path / f"rng-rank{ctx.rank}.json"
     if rng_file.exists():

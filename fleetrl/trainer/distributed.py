@@ -78,7 +78,10 @@ def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -
 
 
 def _decoder_layers(model: torch.nn.Module) -> Sequence[torch.nn.Module]:
-    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style)."""
+    """The repeated transformer blocks of an HF causal LM (model.model.layers for Llama/Qwen-style); a PEFT
+    model's are those of the model it wraps."""
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     layers = getattr(base, "layers", None) or getattr(base, "h", None)
     if layers is None:

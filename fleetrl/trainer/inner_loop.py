@@ -6,19 +6,25 @@ when there is more than one minibatch, else old = current, detached). Each minib
 data-parallel ranks and each rank's share into micro-batches; every part's loss is scaled by its share of
 the minibatch (fleetrl.trainer.batching.part_loss_scale) so the gradient is that of the whole minibatch.
 `PolicyTrainer` owns one; tests call `accumulate_gradients` and `compute_logprobs` directly.
+
+With a `reference_context` (LoRA: the PEFT model's `disable_adapter`), the reference logprobs of kl_beta > 0 are
+a no-grad forward of this same model inside that context, on every rank and in the same micro-batches as the
+training forward (FSDP's collectives need every rank in step): the base model without a second copy.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from fleetrl import metric_names as mn
 from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
@@ -49,6 +55,7 @@ class InnerLoop:
         device: torch.device,
         pad_id: int,
         micro_batch_size: int | None = None,
+        reference_context: Callable[[], AbstractContextManager[Any]] | None = None,
     ) -> None:
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (or None), got {micro_batch_size}")
@@ -61,6 +68,7 @@ class InnerLoop:
         self.device = device
         self.pad_id = pad_id
         self.micro_batch_size = micro_batch_size
+        self.reference_context = reference_context
         self.optimizer_steps = 0
         self.timers: dict[str, float] = {}
         """Seconds spent per phase since the last reset (fwd_bwd, optim, old_logprobs, ref_wait)."""
@@ -89,10 +97,10 @@ class InnerLoop:
 
     @torch.no_grad()
     def compute_logprobs(
-        self, datums: Sequence[Datum], minibatches: Sequence[Sequence[int]]
+        self, datums: Sequence[Datum], minibatches: Sequence[Sequence[int]], timer: str = "old_logprobs"
     ) -> dict[int, torch.Tensor]:
         """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
-        the `old_logprobs` of the PPO inner loop."""
+        the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's)."""
         started = time.perf_counter()
         old: dict[int, torch.Tensor] = {}
         for rows in minibatches:
@@ -106,21 +114,25 @@ class InnerLoop:
                 )
                 for j, i in enumerate(micro):
                     old[i] = logprobs[j, : len(datums[i])].float().cpu()
-        self.timers["old_logprobs"] = self.timers.get("old_logprobs", 0.0) + time.perf_counter() - started
+        self.timers[timer] = self.timers.get(timer, 0.0) + time.perf_counter() - started
         return old
 
     def train_batch(
         self,
         datums: list[Datum],
         advantages: torch.Tensor,
-        ref_rows: list[torch.Tensor] | None,
+        ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None,
         ref_future: Future[list[list[float]]] | None,
     ) -> dict[str, float]:
         """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
-        minibatch. Returns the batch's loss metrics (token-weighted over all ranks)."""
+        minibatch. Returns the batch's loss metrics (token-weighted over all ranks) under their per-step names
+        (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...)."""
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(datums), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches) if len(minibatches) > 1 else None
+        if self.reference_context is not None and self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None:
+            with self.reference_context():
+                ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward")
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         for rows in minibatches:
@@ -133,16 +145,20 @@ class InnerLoop:
             if norm is None:
                 # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
                 # remaining minibatches are not applied, so no NaN reaches the weights or the replicas.
-                return {"skipped_nonfinite": 1.0, "optimizer_steps": float(len(grad_norms))}
+                return {"skipped_nonfinite": 1.0, mn.OPTIMIZER_STEPS: float(len(grad_norms))}
             for key, value in part.items():
                 sums[key] = sums.get(key, 0.0) + value
             grad_norms.append(norm)
         # The minibatch sums were reduced over ranks; normalise once for the whole batch.
         tokens = max(sums.pop("_tokens"), 1.0)
-        metrics = {key.removeprefix("_tok/"): value / tokens for key, value in sums.items() if key.startswith("_tok/")}
-        metrics["loss"] = sums["_loss"] / len(minibatches)
-        metrics["grad_norm"] = sum(grad_norms) / len(grad_norms)
-        metrics["optimizer_steps"] = float(len(minibatches))
+        metrics = {
+            mn.loss_metric_key(key.removeprefix("_tok/")): value / tokens
+            for key, value in sums.items()
+            if key.startswith("_tok/")
+        }
+        metrics[mn.LOSS] = sums["_loss"] / len(minibatches)
+        metrics[mn.GRAD_NORM] = sum(grad_norms) / len(grad_norms)
+        metrics[mn.OPTIMIZER_STEPS] = float(len(minibatches))
         return metrics
 
     def accumulate_gradients(
@@ -152,7 +168,7 @@ class InnerLoop:
         rows: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
-        ref_rows: Sequence[torch.Tensor] | None = None,
+        ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
 

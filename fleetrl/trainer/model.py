@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from fleetrl.datum import gather_target_logprobs
+from fleetrl.model_path import check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def load_causal_lm(
 
     if not path:
         raise ValueError("base_model is empty: give the path (or hub id) of an HF causal LM")
+    check_model_path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))
     except OSError as exc:
@@ -62,6 +64,7 @@ def load_causal_lm(
 def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
+    check_model_path(path)
     return AutoTokenizer.from_pretrained(path)
 
 

@@ -12,6 +12,11 @@ num_minibatches optimizer steps (the PPO inner loop), each AdamW with the LR sch
 Weights are handed to `weight_sink(version, state_dict)` every `weight_sync_interval` batches, then
 `on_version_ready(version)` is called; checkpoints every `dcp_save_interval` batches.
 
+LoRA (cfg.lora_rank > 0, fleetrl.trainer.lora): the policy is a PEFT model whose adapter alone trains; the weight
+sink gets only the adapter's tensors and `adapter=` its config; reference logprobs are the same model's with the
+adapter disabled (no `ref_logprobs_fn` needed); checkpoints hold the adapter and its optimizer state; the export is
+a PEFT adapter folder (and, with export_merged, the merged model in `merged/`).
+
 With world size > 1 (torchrun), rank 0 calls these methods and every other rank runs
 `follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed).
 """
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -28,10 +33,13 @@ from typing import Any
 
 import torch
 
+from fleetrl import metric_names as mn
 from fleetrl.datum import Datum, build_datum
 from fleetrl.groups import RolloutGroup
 from fleetrl.losses import resolve_loss_settings
+from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.trainer import distributed as fdist
+from fleetrl.trainer import lora
 from fleetrl.trainer.batching import StepBatch, build_step_batch
 from fleetrl.trainer.checkpoint import (
     TrainerState,
@@ -41,15 +49,16 @@ from fleetrl.trainer.checkpoint import (
     save_checkpoint,
 )
 from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop
-from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id
+from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 
 RefLogprobsFn = Callable[[list[list[int]], float], list[list[float]]]
 """(token sequences, temperature) -> per-sequence logprobs, N-1 per N tokens (the reference policy)."""
-WeightSink = Callable[[int, Mapping[str, torch.Tensor]], Any]
-"""(version, full state dict) -> anything; e.g. WeightPublisher.publish (its Manifest is kept)."""
+WeightSink = Callable[..., Any]
+"""(version, full state dict) -> anything; e.g. WeightPublisher.publish (its Manifest is kept). A LoRA run calls
+(version, adapter tensors, adapter=adapter config JSON)."""
 
 
 class StepError(RuntimeError):
@@ -66,6 +75,7 @@ class StepResult:
     published: bool = False
     checkpoint_path: str | None = None
     already_trained: bool = False
+    samples: list[LoggedSample] = field(default_factory=list)  # decoded samples to log (log_samples_interval)
 
 
 @dataclass
@@ -103,6 +113,11 @@ class PolicyTrainer:
         self.refuse_stale = refuse_stale and cfg.stale_policy == "requeue"
         self.ctx = dist_ctx or fdist.DistContext()
         self.device = self.ctx.device(device)
+        if cfg.lora and ref_logprobs_fn is not None:
+            logger.info(
+                "LoRA: reference logprobs come from the base weights (adapter disabled); the given source is unused"
+            )
+            ref_logprobs_fn = None
         self.ref_logprobs_fn = ref_logprobs_fn
         self.weight_sink = weight_sink
         self.on_version_ready = on_version_ready
@@ -118,6 +133,9 @@ class PolicyTrainer:
             gradient_checkpointing=cfg.gradient_checkpointing,
             device=self.device,
         )
+        if cfg.lora:
+            self.model = lora.wrap_with_lora(self.model, cfg)
+        self.adapter_config = lora.adapter_config_json(self.model) if cfg.lora else None
         self.tokenizer = self._load_tokenizer()
         self.pad_id = pad_token_id(self.model, self.tokenizer)
         self.model_config = self.model.config
@@ -137,6 +155,7 @@ class PolicyTrainer:
             device=self.device,
             pad_id=self.pad_id,
             micro_batch_size=micro_batch_size,
+            reference_context=self.model.disable_adapter if cfg.lora else None,
         )
         self.state = TrainerState(base_model=cfg.base_model)
         self._trained_rows: set[int] = set()
@@ -175,6 +194,9 @@ class PolicyTrainer:
         except (OSError, ValueError) as exc:
             logger.warning("no tokenizer at %s (%s); the HF export will lack one", path, exc)
             return None
+
+    def _decode(self, tokens: list[int]) -> str:
+        return str(self.tokenizer.decode(tokens, skip_special_tokens=True))
 
     # -- rank-0 API (each broadcasts its command when world size > 1) -------------------------
 
@@ -405,14 +427,14 @@ class PolicyTrainer:
         if datums:
             try:
                 metrics = self.loop.train_batch(datums, advantages, ref_rows, ref_future)
-                self.state.optimizer_steps += int(metrics["optimizer_steps"])
+                self.state.optimizer_steps += int(metrics[mn.OPTIMIZER_STEPS])
             except BaseException:
                 self.optimizer.zero_grad(set_to_none=True)
                 raise
             self._count_nonfinite(step, metrics)
         else:
             logger.warning("step %d has no trainable group: version advances without an update", step)
-            metrics["empty_step"] = 1.0
+            metrics[mn.EMPTY_STEP] = 1.0
         train_time = time.perf_counter() - started
         self.state.steps_done = step
         self.state.data_position = header.get("data_position")
@@ -429,16 +451,27 @@ class PolicyTrainer:
                 {
                     "step": float(step),
                     "version": float(self.version),
-                    "lr": float(self.scheduler.get_last_lr()[0]),
+                    mn.LEARNING_RATE: float(self.scheduler.get_last_lr()[0]),
                     "perf/train_time": train_time,
                     "perf/tokens_per_s": tokens / train_time if train_time > 0 else 0.0,
                     "perf/fwd_bwd_time": self.loop.timers["fwd_bwd"],
                     "perf/optim_step_time": self.loop.timers["optim"],
                     "perf/old_logprob_time": self.loop.timers["old_logprobs"],
                     "perf/ref_wait_time": self.loop.timers["ref_wait"],
-                    "perf/ref_forward_time": self._ref_forward_time if ref_future else 0.0,
+                    "perf/ref_forward_time": (
+                        self._ref_forward_time if ref_future else self.loop.timers.get("ref_forward", 0.0)
+                    ),
                 }
             )
+            if samples_due(step, self.cfg.log_samples_interval):
+                result.samples = logged_samples(
+                    step,
+                    batch.samples,
+                    batch.sample_row_ids,
+                    batch.sample_offsets,
+                    self.cfg.log_samples_count,
+                    self._decode if self.tokenizer is not None else None,
+                )
         interval = self.cfg.weight_sync_interval
         if interval and self.version % interval == 0:
             info = self._do_publish()
@@ -452,7 +485,7 @@ class PolicyTrainer:
                 "step %d -> version %d: loss %.4f, %d samples, %.2fs",
                 step,
                 self.version,
-                metrics.get("loss", float("nan")),
+                metrics.get(mn.LOSS, float("nan")),
                 len(datums),
                 train_time,
             )
@@ -489,10 +522,16 @@ class PolicyTrainer:
         if self.last_publish is not None and self.last_publish.version == self.version:
             return self.last_publish
         started = time.perf_counter()
-        state_dict = fdist.full_state_dict(self.model, self.ctx)
         checksum = ""
+        if self.adapter_config is not None:
+            # Only the adapter travels: the replicas keep the base weights they started with.
+            state_dict = lora.adapter_state_dict(self.model, self.ctx, dtype=torch_dtype(self.cfg.dtype))
+            sink_kwargs: dict[str, Any] = {"adapter": self.adapter_config}
+        else:
+            state_dict = fdist.full_state_dict(self.model, self.ctx)
+            sink_kwargs = {}
         if self.ctx.is_main and self.weight_sink is not None:
-            manifest = self.weight_sink(self.version, state_dict)
+            manifest = self.weight_sink(self.version, state_dict, **sink_kwargs)
             checksum = str(getattr(manifest, "checksum", "") or "")
         del state_dict
         info = PublishInfo(self.version, time.perf_counter() - started, checksum)
@@ -512,13 +551,19 @@ class PolicyTrainer:
             scheduler=self.scheduler,
             state=self.state,
             ctx=self.ctx,
+            trainable_only=self.cfg.lora,
         )
 
     def _do_resume(self, path: str | None) -> bool:
         if path is None:
             return False
         self.state = load_checkpoint(
-            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler, ctx=self.ctx
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            ctx=self.ctx,
+            trainable_only=self.cfg.lora,
         )
         self._trained_rows = set(self.state.trained_row_ids)
         self._results.clear()
@@ -526,6 +571,8 @@ class PolicyTrainer:
         return True
 
     def _do_export(self, out: Path) -> Path:
+        if self.adapter_config is not None:
+            return self._do_export_adapter(out)
         state_dict = fdist.full_state_dict(self.model, self.ctx)
         if self.ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
@@ -543,6 +590,21 @@ class PolicyTrainer:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(out)
             logger.info("exported version %d in HF format to %s", self.version, out)
+        fdist.barrier(self.ctx)
+        return out
+
+    def _do_export_adapter(self, out: Path) -> Path:
+        """LoRA: `out` is a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) plus the tokenizer;
+        with export_merged, `out/merged` holds base + adapter merged, in HF format."""
+        tensors = lora.adapter_state_dict(self.model, self.ctx)
+        if self.ctx.is_main:
+            assert self.adapter_config is not None
+            lora.save_adapter(out, tensors, {**self.adapter_config, "base_model_name_or_path": self.cfg.base_model})
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(out)
+            if self.cfg.export_merged:
+                lora.merge_adapter(out, out / "merged", base_model=self.cfg.base_model, dtype=self.cfg.dtype)
+            logger.info("exported version %d as a LoRA adapter to %s", self.version, out)
         fdist.barrier(self.ctx)
         return out
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fleetrl.config import ConfigError, read_config_file
+from fleetrl.config import Config, ConfigError, format_validation_error, parse_override, read_config_file
 
 
 class UpConfig(BaseModel):
@@ -82,18 +83,33 @@ class UpConfig(BaseModel):
 
     @classmethod
     def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> UpConfig:
+        """The [up] table of `path`; `overrides` (from `--set up.<key>=...`, without the prefix) win."""
         data = dict(read_config_file(path).get("up", {}))
         data.update(overrides or {})
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(data, source=str(path), override_keys=overrides or ())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str) -> UpConfig:
-        """Validate; a ConfigError names each bad `up.<field>`."""
+    def from_dict(cls, data: dict[str, Any], source: str, override_keys: Iterable[str] = ()) -> UpConfig:
+        """Validate; a ConfigError names each bad `up.<field>` (the closest field for an unknown one), and blames
+        --set for the keys in `override_keys`."""
         try:
             return cls(**data)
         except ValidationError as exc:
-            lines = [f"{'.'.join(['up', *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors()]
-            raise ConfigError(f"{source}: invalid [up] table: " + "; ".join(lines)) from None
+            text = format_validation_error(exc, source, cls, override_keys, prefix="up.")
+            raise ConfigError(text.replace("invalid config", "invalid [up] table", 1)) from None
+
+
+def load_run_and_up(path: Path, sets: list[str]) -> tuple[Config, UpConfig, list[str]]:
+    """The run `Config` and `UpConfig` of a run.toml with `--set` overrides: `up.<key>=V` goes to the [up] table,
+    anything else to the run. Also returns the run's own --set strings (what the services are started with)."""
+    run_sets = [s for s in sets if not s.strip().startswith(UP_PREFIX)]
+    up_overrides = dict(parse_override(s) for s in sets if s.strip().startswith(UP_PREFIX))
+    up_overrides = {k.removeprefix(UP_PREFIX): v for k, v in up_overrides.items()}
+    run = Config.from_toml(path, dict(parse_override(s) for s in run_sets))
+    return run, UpConfig.from_file(path, up_overrides), run_sets
+
+
+UP_PREFIX = "up."
 
 
 def _gpu_list(ids: list[int]) -> str:

@@ -3,6 +3,9 @@
     fleetrl eval examples/arithmetic/run.toml                                # the base model
     fleetrl eval examples/arithmetic/run.toml --model runs/arithmetic/final  # the promoted model of a run
 
+A LoRA run's final/ is a PEFT adapter folder: its merged/ (export_merged = true) is served when there, else the
+adapter is merged into its base model under <log_path>/eval/merged first.
+
 Starts one inference replica (the `[up]` engine and `inference_args`) on the model, hands the evaluation function
 (`[up] evaluation`) the same `RolloutSetup` a gateway would, with `eval_dataset`'s rows, and prints its metrics as
 one JSON object (also written to `--out`). No controller or trainer: nothing is trained. Exit 0, or 2 on a bad
@@ -19,9 +22,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fleetrl.config import Config, ConfigError, parse_override
+from fleetrl.config import Config, ConfigError
+from fleetrl.model_path import ModelNotFoundError, check_model_path
 from fleetrl.rollout import RolloutSetup
-from fleetrl.up.config import UpConfig
+from fleetrl.up.config import load_run_and_up
+from fleetrl.up.console import Startup
 from fleetrl.up.supervisor import ServiceFailed, Supervisor, log_tail
 
 
@@ -37,6 +42,7 @@ async def evaluate_with(
 
     evaluation_fn = load_object(evaluation)
     rows = load_rows(run.eval_dataset or "")
+    check_model_path(run.tokenizer_model or model)
     tokenizer = AutoTokenizer.from_pretrained(run.tokenizer_model or model)
     sampler = Sampler(tokenizer, auth_token=auth_token, default_kwargs=run.sample_kwargs)
     sampler.set_replicas([address])
@@ -55,6 +61,21 @@ async def evaluate_with(
     return {str(k): float(v) for k, v in dict(metrics).items()}
 
 
+def servable_model(model: str, work_dir: Path, *, dtype: str = "float32") -> str:
+    """An HF model folder a replica serves: `model` itself, or for a PEFT adapter folder its `merged/` (written by
+    export_merged) or else the adapter merged into its base (adapter_config.json's base_model_name_or_path)
+    at `work_dir/merged`."""
+    folder = Path(model)
+    if not (folder / "adapter_config.json").is_file():
+        return model
+    if (folder / "merged" / "config.json").is_file():
+        return str(folder / "merged")
+    from fleetrl.trainer.lora import merge_adapter
+
+    print(f"fleetrl eval: {model} is a LoRA adapter; merging it into its base model", file=sys.stderr)
+    return str(merge_adapter(folder, work_dir / "merged", dtype=dtype))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetrl eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", type=Path, help="run.toml with eval_dataset in [run] and evaluation in [up]")
@@ -64,19 +85,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds the evaluation may take")
     args = parser.parse_args(argv)
     try:
-        run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
-        up = UpConfig.from_file(args.config)
+        run, up, _ = load_run_and_up(args.config, args.set)
         model = args.model or run.base_model
         if not model:
             raise ConfigError("run.base_model: no model to evaluate (set it, or pass --model)")
+        check_model_path(model, "--model" if args.model else "run.base_model")
         if not up.evaluation:
             raise ConfigError("up.evaluation: the config names no evaluation function")
         if not run.eval_dataset:
             raise ConfigError("run.eval_dataset: the config names no held-out rows")
-    except ConfigError as exc:
+    except (ConfigError, ModelNotFoundError) as exc:
         print(f"fleetrl eval: {exc}", file=sys.stderr)
         return 2
     from fleetrl.up.run import user_spec
+
+    try:
+        model = servable_model(model, Path(run.log_path) / "eval", dtype=run.dtype)
+    except (OSError, ValueError) as exc:
+        print(f"fleetrl eval: --model {model}: {exc}", file=sys.stderr)
+        return 1
 
     evaluation = user_spec(up.evaluation, args.config.parent)
     auth_token = up.auth_token or os.environ.get("FLEETRL_AUTH_TOKEN")
@@ -87,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     inference_args = ["--model", model, "--engine", up.engine, "--grpc-port", "0", "--no-http", "--no-metrics"]
     try:
         replica = sup.start("inference", "inference", [*inference_args, *up.inference_args], env=up.replica_env(0))
-        info = sup.wait_ready(replica, up.startup_timeout_s)
+        with Startup(1, sys.stderr, prefix="fleetrl eval") as startup:  # stdout is the metrics' JSON
+            startup.waiting(replica.name)
+            info = sup.wait_ready(replica, up.startup_timeout_s)
+            startup.ready(replica)
         address = f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
         metrics: dict[str, Any] = asyncio.run(
             evaluate_with(address, run, evaluation, model, args.timeout, auth_token=auth_token)

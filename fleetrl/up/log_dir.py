@@ -13,7 +13,22 @@ import shutil
 from pathlib import Path
 
 JOURNAL = "controller.sqlite"
-RUN_FILES = ("metrics.jsonl", "metrics.superseded.jsonl", JOURNAL, f"{JOURNAL}-wal", f"{JOURNAL}-shm", "curves.png")
+RUN_FILES = (
+    "metrics.jsonl",
+    "metrics.superseded.jsonl",
+    JOURNAL,
+    f"{JOURNAL}-wal",
+    f"{JOURNAL}-shm",
+    "curves.png",
+    # The trackers' files (fleetrl.trackers): a new run must not continue the old run's W&B or MLflow run.
+    "samples.jsonl",
+    "config.json",
+    "wandb_run_id",
+    "mlflow_run_id",
+    "wandb",
+    "tensorboard",
+    "mlruns",
+)
 SERVICE_LOGS = ("controller.log", "trainer.log", "reference.log", "inference-*.log", "gateway-*.log")
 
 

@@ -1,5 +1,5 @@
-"""`fleetrl up run.toml`: start controller, inference replicas, reference (when kl_beta > 0), trainer and gateways
-as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
+"""`fleetrl up run.toml`: start controller, inference replicas, reference (kl_beta > 0 without LoRA), trainer and
+gateways as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
 
     fleetrl up examples/arithmetic/run.toml [--set key=value ...] [--resume [--restart-weights] | --overwrite]
 
@@ -31,13 +31,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetrl.config import Config, ConfigError, parse_override
+from fleetrl.config import Config, ConfigError
 from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
+from fleetrl.model_path import ModelNotFoundError, check_model_path
+from fleetrl.trackers import TrackerError, check_trackers_available
 from fleetrl.up.auth import run_auth_token
-from fleetrl.up.config import UpConfig
+from fleetrl.up.config import UpConfig, load_run_and_up
+from fleetrl.up.console import Startup, print_services
 from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
 from fleetrl.up.log_dir import LogDirError, prepare_log_dir
-from fleetrl.up.progress import Progress
+from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
 
 
@@ -110,9 +113,11 @@ def launch(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     controller_flags = ["--resume", *(["--restart-weights"] if restart_weights else [])] if resume else []
+    progress: Progress | None = None
     try:
         if up.controller_address is None:
-            controller = _start_stack(sup, common, run, up, resume, controller_flags, threads)
+            with Startup(stack_size(run, up)) as startup:
+                controller = _start_stack(sup, common, run, up, resume, controller_flags, threads, startup)
         else:
             controller = None
         controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
@@ -134,7 +139,8 @@ def launch(
             if i == 0 and up.evaluation:  # one gateway evaluates held-out rows when the controller asks
                 args += ["--evaluation", user_spec(up.evaluation, config_path.parent)]
             gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
-        progress = Progress(metrics_path, run.max_steps, from_end=resume)
+        print_services(sup.children)
+        progress = Progress(metrics_path, planned_steps(run), from_end=resume)
         return _watch(sup, controller, gateways, gateway_argv, up, progress, stop_requested)
     except ServiceFailed as exc:
         print(
@@ -143,6 +149,8 @@ def launch(
         )
         return 1
     finally:
+        if progress is not None:
+            progress.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # from here a second Ctrl-C stops at once
         sup.stop_all(patient=stop_patience(sup.children, up.stop_timeout_s))
@@ -159,8 +167,23 @@ def _pick_ports(*names: str) -> list[str]:
     return [flag for name in names for flag in (f"--{name}-port", "0")]
 
 
+def lora_flags(run: Config) -> list[str]:
+    """Replica flags for a LoRA run: serve adapter versions up to the run's rank (none for full fine-tuning)."""
+    return ["--max-lora-rank", str(run.lora_rank)] if run.lora_rank > 0 else []
+
+
 def _address(info: dict[str, Any]) -> str:
     return f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
+
+
+def needs_reference(run: Config) -> bool:
+    """The reference service runs for kl_beta > 0 with full fine-tuning; a LoRA trainer disables its adapter instead."""
+    return run.kl_beta > 0 and not run.lora
+
+
+def stack_size(run: Config, up: UpConfig) -> int:
+    """Services `fleetrl up` waits for before gateways start: replicas, reference (kl_beta > 0), trainer, controller."""
+    return up.replicas + (1 if run.kl_beta > 0 else 0) + 2
 
 
 def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
@@ -168,7 +191,7 @@ def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
         return None
     hf_replicas = up.replicas if up.engine == "hf" else 0
     return plan_threads(
-        available_cpus(), trainer_procs=up.trainer_procs, hf_replicas=hf_replicas, reference=run.kl_beta > 0
+        available_cpus(), trainer_procs=up.trainer_procs, hf_replicas=hf_replicas, reference=needs_reference(run)
     )
 
 
@@ -180,8 +203,13 @@ def _start_stack(
     resume: bool,
     controller_flags: list[str],
     threads: ThreadPlan | None,
+    startup: Startup,
 ) -> Child:
-    t = up.startup_timeout_s
+    def wait(child: Child) -> dict[str, Any]:
+        startup.waiting(child.name)
+        info = sup.wait_ready(child, up.startup_timeout_s)
+        startup.ready(child)
+        return info
 
     def share(service: str) -> dict[str, str]:
         return {} if threads is None else threads.env(service)
@@ -191,27 +219,28 @@ def _start_stack(
     replicas = []
     for i in range(up.replicas):
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
+        args += lora_flags(run)
         env = {**(share("inference") if up.engine == "hf" else {}), **up.replica_env(i)}
         replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=env))
     reference_args: list[str] = []
-    if run.kl_beta > 0:
+    if needs_reference(run):
         ref_args = [*model, *_pick_ports("grpc", "metrics")]
         reference = sup.start("reference", "reference", ref_args, env=share("reference"))
-        reference_args = ["--reference", _address(sup.wait_ready(reference, t))]
+        reference_args = ["--reference", _address(wait(reference))]
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
     if up.trainer_gpus is not None and "--device" not in up.trainer_args:
         trainer_args += ["--device", "cuda"]
     trainer_args += up.trainer_args
     trainer_env = {**share("trainer"), **up.trainer_env()}
     trainer = sup.start("trainer", "trainer", trainer_args, env=trainer_env, nproc=up.trainer_procs)
-    trainer_address = _address(sup.wait_ready(trainer, t))
-    inference_flags = [flag for r in replicas for flag in ("--inference", _address(sup.wait_ready(r, t)))]
+    trainer_address = _address(wait(trainer))
+    inference_flags = [flag for r in replicas for flag in ("--inference", _address(wait(r)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
     controller_args += controller_flags
     if up.evaluation:
         controller_args.append("--evaluation")
     controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
-    sup.wait_ready(controller, t)
+    wait(controller)
     return controller
 
 
@@ -248,7 +277,9 @@ def _watch(
                     )
                 if code == EXIT_USER_CODE:  # deterministic: a restart would fail the same way
                     raise ServiceFailed(
-                        child, f"{child.name}: cannot load the user's code (rollout, evaluation, filter)"
+                        child,
+                        f"{child.name}: cannot load the user's code (rollout, evaluation, filter), or a rollout "
+                        "returned a type that is not a RolloutSample, RolloutRun or None",
                     )
                 if restarts >= up.max_gateway_restarts:
                     raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")
@@ -336,7 +367,13 @@ def _wait_gateways(gateways: list[Child], timeout_s: float = 15.0) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fleetrl up", description="Run every fleetrl service locally.")
     parser.add_argument("config", type=Path, help="run.toml with a [run] and an [up] table")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a [run] key (max_steps=50), or an [up] key with its prefix (up.engine=vllm)",
+    )
     parser.add_argument(
         "--resume",
         action="store_true",
@@ -356,18 +393,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.restart_weights and not args.resume:
         parser.error("--restart-weights goes with --resume")
     try:
-        run = Config.from_toml(args.config, dict(parse_override(s) for s in args.set))
-        up = UpConfig.from_file(args.config)
+        run, up, run_sets = load_run_and_up(args.config, args.set)
         if not run.base_model and up.controller_address is None:
             raise ConfigError("run.base_model: the model to train is required")
+        if up.controller_address is None:
+            check_model_path(run.base_model, "run.base_model")
+            check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
+        check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset:
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
         check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
-    except (ConfigError, LogDirError) as exc:
+    except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2
     try:
-        return launch(args.config, args.set, run, up, resume=args.resume, restart_weights=args.restart_weights)
+        return launch(args.config, run_sets, run, up, resume=args.resume, restart_weights=args.restart_weights)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping: the children get SIGTERM as fleetrl up exits
         print("fleetrl up: stopped at once", file=sys.stderr)
         return 130

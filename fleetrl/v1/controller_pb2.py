@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/v1/controller.proto\x12\nfleetrl.v1\"[\n\x0fRegisterRequest\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fleetrl.v1.MemberKind\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"@\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"%\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\"R\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x14\n\x0crun_finished\x18\x02 \x01(\x08\x12\x18\n\x10\x65valuate_version\x18\x03 \x01(\x03\"8\n\x10LeaseRowsRequest\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x10\n\x08max_rows\x18\x02 \x01(\x05\"\x88\x01\n\tLeasedRow\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x16\n\x0esubmit_version\x18\x02 \x01(\x03\x12\x1d\n\x15lease_deadline_unix_s\x18\x03 \x01(\x01\x12\x10\n\x08row_json\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x11\n\tlease_tag\x18\x06 \x01(\x03\">\n\x07Replica\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\xcf\x01\n\x11LeaseRowsResponse\x12#\n\x04rows\x18\x01 \x03(\x0b\x32\x15.fleetrl.v1.LeasedRow\x12\x14\n\x0crun_finished\x18\x02 \x01(\x08\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x12%\n\x08replicas\x18\x04 \x03(\x0b\x32\x13.fleetrl.v1.Replica\x12\x16\n\x0egroups_address\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12\x18\n\x10\x65valuate_version\x18\x07 \x01(\x03\"\x86\x02\n\tRowReport\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\'\n\x07outcome\x18\x02 \x01(\x0e\x32\x16.fleetrl.v1.RowOutcome\x12\x13\n\x0bmin_version\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x42\n\x0fsamples_dropped\x18\x05 \x03(\x0b\x32).fleetrl.v1.RowReport.SamplesDroppedEntry\x12\x0f\n\x07samples\x18\x06 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x03\x1a\x35\n\x13SamplesDroppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"O\n\x11ReportRowsRequest\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12&\n\x07reports\x18\x02 \x03(\x0b\x32\x15.fleetrl.v1.RowReport\"%\n\x12ReportRowsResponse\x12\x0f\n\x07results\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\x9b\x01\n\x06Member\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fleetrl.v1.MemberKind\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12\x17\n\x0flast_seen_s_ago\x18\x07 \x01(\x01\"\xf6\x02\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rtrained_steps\x18\x03 \x01(\x03\x12\x11\n\tmax_steps\x18\x04 \x01(\x03\x12\x35\n\x08\x63ounters\x18\x05 \x03(\x0b\x32#.fleetrl.v1.RunStatus.CountersEntry\x12#\n\x07members\x18\x06 \x03(\x0b\x32\x12.fleetrl.v1.Member\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12<\n\x0clast_metrics\x18\t \x03(\x0b\x32&.fleetrl.v1.RunStatus.LastMetricsEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa5\x01\n\x11ReportEvalRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12;\n\x07metrics\x18\x02 \x03(\x0b\x32*.fleetrl.v1.ReportEvalRequest.MetricsEntry\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x14\n\x12ReportEvalResponse*a\n\nMemberKind\x12\x1b\n\x17MEMBER_KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07GATEWAY\x10\x01\x12\r\n\tINFERENCE\x10\x02\x12\x0b\n\x07TRAINER\x10\x03\x12\r\n\tREFERENCE\x10\x04*Q\n\nRowOutcome\x12\x1b\n\x17ROW_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\x0c\n\x08REJECTED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xc3\x03\n\nController\x12\x45\n\x08Register\x12\x1b.fleetrl.v1.RegisterRequest\x1a\x1c.fleetrl.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.fleetrl.v1.HeartbeatRequest\x1a\x1d.fleetrl.v1.HeartbeatResponse\x12H\n\tLeaseRows\x12\x1c.fleetrl.v1.LeaseRowsRequest\x1a\x1d.fleetrl.v1.LeaseRowsResponse\x12K\n\nReportRows\x12\x1d.fleetrl.v1.ReportRowsRequest\x1a\x1e.fleetrl.v1.ReportRowsResponse\x12@\n\tGetStatus\x12\x1c.fleetrl.v1.GetStatusRequest\x1a\x15.fleetrl.v1.RunStatus\x12K\n\nReportEval\x12\x1d.fleetrl.v1.ReportEvalRequest\x1a\x1e.fleetrl.v1.ReportEvalResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/v1/controller.proto\x12\nfleetrl.v1\"[\n\x0fRegisterRequest\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fleetrl.v1.MemberKind\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\"@\n\x10RegisterResponse\x12\x1c\n\x14heartbeat_interval_s\x18\x01 \x01(\x01\x12\x0e\n\x06run_id\x18\x02 \x01(\t\"%\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\"R\n\x11HeartbeatResponse\x12\r\n\x05known\x18\x01 \x01(\x08\x12\x14\n\x0crun_finished\x18\x02 \x01(\x08\x12\x18\n\x10\x65valuate_version\x18\x03 \x01(\x03\"8\n\x10LeaseRowsRequest\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x10\n\x08max_rows\x18\x02 \x01(\x05\"\x88\x01\n\tLeasedRow\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x16\n\x0esubmit_version\x18\x02 \x01(\x03\x12\x1d\n\x15lease_deadline_unix_s\x18\x03 \x01(\x01\x12\x10\n\x08row_json\x18\x04 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x05 \x01(\x05\x12\x11\n\tlease_tag\x18\x06 \x01(\x03\">\n\x07Replica\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\xcf\x01\n\x11LeaseRowsResponse\x12#\n\x04rows\x18\x01 \x03(\x0b\x32\x15.fleetrl.v1.LeasedRow\x12\x14\n\x0crun_finished\x18\x02 \x01(\x08\x12\x15\n\rretry_after_s\x18\x03 \x01(\x01\x12%\n\x08replicas\x18\x04 \x03(\x0b\x32\x13.fleetrl.v1.Replica\x12\x16\n\x0egroups_address\x18\x05 \x01(\t\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12\x18\n\x10\x65valuate_version\x18\x07 \x01(\x03\"\x97\x02\n\tRowReport\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\'\n\x07outcome\x18\x02 \x01(\x0e\x32\x16.fleetrl.v1.RowOutcome\x12\x13\n\x0bmin_version\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x42\n\x0fsamples_dropped\x18\x05 \x03(\x0b\x32).fleetrl.v1.RowReport.SamplesDroppedEntry\x12\x0f\n\x07samples\x18\x06 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\x03\x12\x0f\n\x07rewards\x18\x08 \x03(\x01\x1a\x35\n\x13SamplesDroppedEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"O\n\x11ReportRowsRequest\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12&\n\x07reports\x18\x02 \x03(\x0b\x32\x15.fleetrl.v1.RowReport\"%\n\x12ReportRowsResponse\x12\x0f\n\x07results\x18\x01 \x03(\t\"\x12\n\x10GetStatusRequest\"\x9b\x01\n\x06Member\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.fleetrl.v1.MemberKind\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05\x61live\x18\x04 \x01(\x08\x12\x0e\n\x06\x66\x65nced\x18\x05 \x01(\x08\x12\x0f\n\x07version\x18\x06 \x01(\x03\x12\x17\n\x0flast_seen_s_ago\x18\x07 \x01(\x01\"\xf6\x02\n\tRunStatus\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x15\n\rtrained_steps\x18\x03 \x01(\x03\x12\x11\n\tmax_steps\x18\x04 \x01(\x03\x12\x35\n\x08\x63ounters\x18\x05 \x03(\x0b\x32#.fleetrl.v1.RunStatus.CountersEntry\x12#\n\x07members\x18\x06 \x03(\x0b\x32\x12.fleetrl.v1.Member\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12<\n\x0clast_metrics\x18\t \x03(\x0b\x32&.fleetrl.v1.RunStatus.LastMetricsEntry\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xa5\x01\n\x11ReportEvalRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12;\n\x07metrics\x18\x02 \x03(\x0b\x32*.fleetrl.v1.ReportEvalRequest.MetricsEntry\x12\x12\n\ngateway_id\x18\x03 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x14\n\x12ReportEvalResponse*a\n\nMemberKind\x12\x1b\n\x17MEMBER_KIND_UNSPECIFIED\x10\x00\x12\x0b\n\x07GATEWAY\x10\x01\x12\r\n\tINFERENCE\x10\x02\x12\x0b\n\x07TRAINER\x10\x03\x12\r\n\tREFERENCE\x10\x04*Q\n\nRowOutcome\x12\x1b\n\x17ROW_OUTCOME_UNSPECIFIED\x10\x00\x12\x0c\n\x08\x41\x43\x43\x45PTED\x10\x01\x12\x0c\n\x08REJECTED\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\xc3\x03\n\nController\x12\x45\n\x08Register\x12\x1b.fleetrl.v1.RegisterRequest\x1a\x1c.fleetrl.v1.RegisterResponse\x12H\n\tHeartbeat\x12\x1c.fleetrl.v1.HeartbeatRequest\x1a\x1d.fleetrl.v1.HeartbeatResponse\x12H\n\tLeaseRows\x12\x1c.fleetrl.v1.LeaseRowsRequest\x1a\x1d.fleetrl.v1.LeaseRowsResponse\x12K\n\nReportRows\x12\x1d.fleetrl.v1.ReportRowsRequest\x1a\x1e.fleetrl.v1.ReportRowsResponse\x12@\n\tGetStatus\x12\x1c.fleetrl.v1.GetStatusRequest\x1a\x15.fleetrl.v1.RunStatus\x12K\n\nReportEval\x12\x1d.fleetrl.v1.ReportEvalRequest\x1a\x1e.fleetrl.v1.ReportEvalResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,10 +39,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_options = b'8\001'
   _globals['_REPORTEVALREQUEST_METRICSENTRY']._loaded_options = None
   _globals['_REPORTEVALREQUEST_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERKIND']._serialized_start=1926
-  _globals['_MEMBERKIND']._serialized_end=2023
-  _globals['_ROWOUTCOME']._serialized_start=2025
-  _globals['_ROWOUTCOME']._serialized_end=2106
+  _globals['_MEMBERKIND']._serialized_start=1943
+  _globals['_MEMBERKIND']._serialized_end=2040
+  _globals['_ROWOUTCOME']._serialized_start=2042
+  _globals['_ROWOUTCOME']._serialized_end=2123
   _globals['_REGISTERREQUEST']._serialized_start=43
   _globals['_REGISTERREQUEST']._serialized_end=134
   _globals['_REGISTERRESPONSE']._serialized_start=136
@@ -60,29 +60,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LEASEROWSRESPONSE']._serialized_start=587
   _globals['_LEASEROWSRESPONSE']._serialized_end=794
   _globals['_ROWREPORT']._serialized_start=797
-  _globals['_ROWREPORT']._serialized_end=1059
-  _globals['_ROWREPORT_SAMPLESDROPPEDENTRY']._serialized_start=1006
-  _globals['_ROWREPORT_SAMPLESDROPPEDENTRY']._serialized_end=1059
-  _globals['_REPORTROWSREQUEST']._serialized_start=1061
-  _globals['_REPORTROWSREQUEST']._serialized_end=1140
-  _globals['_REPORTROWSRESPONSE']._serialized_start=1142
-  _globals['_REPORTROWSRESPONSE']._serialized_end=1179
-  _globals['_GETSTATUSREQUEST']._serialized_start=1181
-  _globals['_GETSTATUSREQUEST']._serialized_end=1199
-  _globals['_MEMBER']._serialized_start=1202
-  _globals['_MEMBER']._serialized_end=1357
-  _globals['_RUNSTATUS']._serialized_start=1360
-  _globals['_RUNSTATUS']._serialized_end=1734
-  _globals['_RUNSTATUS_COUNTERSENTRY']._serialized_start=1635
-  _globals['_RUNSTATUS_COUNTERSENTRY']._serialized_end=1682
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=1684
-  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=1734
-  _globals['_REPORTEVALREQUEST']._serialized_start=1737
-  _globals['_REPORTEVALREQUEST']._serialized_end=1902
-  _globals['_REPORTEVALREQUEST_METRICSENTRY']._serialized_start=1856
-  _globals['_REPORTEVALREQUEST_METRICSENTRY']._serialized_end=1902
-  _globals['_REPORTEVALRESPONSE']._serialized_start=1904
-  _globals['_REPORTEVALRESPONSE']._serialized_end=1924
-  _globals['_CONTROLLER']._serialized_start=2109
-  _globals['_CONTROLLER']._serialized_end=2560
+  _globals['_ROWREPORT']._serialized_end=1076
+  _globals['_ROWREPORT_SAMPLESDROPPEDENTRY']._serialized_start=1023
+  _globals['_ROWREPORT_SAMPLESDROPPEDENTRY']._serialized_end=1076
+  _globals['_REPORTROWSREQUEST']._serialized_start=1078
+  _globals['_REPORTROWSREQUEST']._serialized_end=1157
+  _globals['_REPORTROWSRESPONSE']._serialized_start=1159
+  _globals['_REPORTROWSRESPONSE']._serialized_end=1196
+  _globals['_GETSTATUSREQUEST']._serialized_start=1198
+  _globals['_GETSTATUSREQUEST']._serialized_end=1216
+  _globals['_MEMBER']._serialized_start=1219
+  _globals['_MEMBER']._serialized_end=1374
+  _globals['_RUNSTATUS']._serialized_start=1377
+  _globals['_RUNSTATUS']._serialized_end=1751
+  _globals['_RUNSTATUS_COUNTERSENTRY']._serialized_start=1652
+  _globals['_RUNSTATUS_COUNTERSENTRY']._serialized_end=1699
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_start=1701
+  _globals['_RUNSTATUS_LASTMETRICSENTRY']._serialized_end=1751
+  _globals['_REPORTEVALREQUEST']._serialized_start=1754
+  _globals['_REPORTEVALREQUEST']._serialized_end=1919
+  _globals['_REPORTEVALREQUEST_METRICSENTRY']._serialized_start=1873
+  _globals['_REPORTEVALREQUEST_METRICSENTRY']._serialized_end=1919
+  _globals['_REPORTEVALRESPONSE']._serialized_start=1921
+  _globals['_REPORTEVALRESPONSE']._serialized_end=1941
+  _globals['_CONTROLLER']._serialized_start=2126
+  _globals['_CONTROLLER']._serialized_end=2577
 # @@protoc_insertion_point(module_scope)

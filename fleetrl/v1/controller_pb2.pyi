@@ -118,7 +118,7 @@ class LeaseRowsResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class RowReport(_message.Message):
-    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt")
+    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt", "rewards")
     class SamplesDroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,7 @@ class RowReport(_message.Message):
     SAMPLES_DROPPED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     outcome: RowOutcome
     min_version: int
@@ -140,7 +141,8 @@ class RowReport(_message.Message):
     samples_dropped: _containers.ScalarMap[str, int]
     samples: int
     attempt: int
-    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
+    rewards: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., attempt: _Optional[int] = ..., rewards: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ReportRowsRequest(_message.Message):
     __slots__ = ("gateway_id", "reports")

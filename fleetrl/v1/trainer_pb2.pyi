@@ -33,7 +33,7 @@ class TrainStepRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., row_ids: _Optional[_Iterable[int]] = ..., data_position: _Optional[str] = ..., wait_timeout_s: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ..., superseded: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
-    __slots__ = ("step", "version", "published", "weights_address", "metrics", "skipped_row_ids", "already_trained", "checkpoint_path")
+    __slots__ = ("step", "version", "published", "weights_address", "metrics", "skipped_row_ids", "already_trained", "checkpoint_path", "samples")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +49,7 @@ class TrainStepResponse(_message.Message):
     SKIPPED_ROW_IDS_FIELD_NUMBER: _ClassVar[int]
     ALREADY_TRAINED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     published: bool
@@ -57,7 +58,24 @@ class TrainStepResponse(_message.Message):
     skipped_row_ids: _containers.RepeatedScalarFieldContainer[int]
     already_trained: bool
     checkpoint_path: str
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., published: _Optional[bool] = ..., weights_address: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_row_ids: _Optional[_Iterable[int]] = ..., already_trained: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ...) -> None: ...
+    samples: _containers.RepeatedCompositeFieldContainer[TrainSample]
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., published: _Optional[bool] = ..., weights_address: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_row_ids: _Optional[_Iterable[int]] = ..., already_trained: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[TrainSample, _Mapping]]] = ...) -> None: ...
+
+class TrainSample(_message.Message):
+    __slots__ = ("row_id", "prompt", "completion", "reward", "version_offset", "finish_reason")
+    ROW_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    VERSION_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    row_id: int
+    prompt: str
+    completion: str
+    reward: float
+    version_offset: int
+    finish_reason: str
+    def __init__(self, row_id: _Optional[int] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., reward: _Optional[float] = ..., version_offset: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ()

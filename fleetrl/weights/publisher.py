@@ -64,8 +64,10 @@ class WeightPublisher:
     its parameters) and makes it fetchable; the newest ``keep_versions`` versions stay available.
     The serving loop runs in a background thread; if it fails, the failure is logged and raised
     as WeightTransferError by the next ``publish`` or ``close``. With ``auth_token`` set, a fetch
-    without that token is refused. ``counts`` (``snapshot_counts()``): "requests" handled and
-    "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal).
+    without that token is refused. ``counts`` (``snapshot_counts()``): "requests" handled,
+    "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal)
+    and "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
+    ``session_sweep_s``).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class WeightPublisher:
         auth_token: str | None = None,
         keep_versions: int = 2,
         session_timeout_s: float = 300.0,
+        session_sweep_s: float = 1.0,
         start_timeout_s: float = 10.0,
     ) -> None:
         if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
@@ -86,11 +89,14 @@ class WeightPublisher:
             raise ValueError("auth_token must be a non-empty string or None")
         if session_timeout_s <= 0:
             raise ValueError(f"session_timeout_s must be positive, got {session_timeout_s!r}")
+        if session_sweep_s <= 0:
+            raise ValueError(f"session_sweep_s must be positive, got {session_sweep_s!r}")
         self.chunk_bytes = chunk_bytes
         self.keep_versions = keep_versions
         self._bind = bind
         self._auth_token = auth_token.encode() if auth_token is not None else None
         self._session_timeout_s = session_timeout_s
+        self._session_sweep_s = session_sweep_s
         self._lock = threading.Lock()
         self._versions: OrderedDict[int, _Snapshot] = OrderedDict()  # guarded by _lock
         self._sessions: dict[bytes, _Session] = {}  # serving thread only
@@ -260,7 +266,7 @@ class WeightPublisher:
             return
         self.address = endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
         self._ready.set()
-        next_expiry = time.monotonic() + 1.0
+        next_expiry = time.monotonic() + self._session_sweep_s
         try:
             while not self._stop.is_set():
                 if sock.poll(_POLL_MS, zmq.POLLIN):
@@ -274,7 +280,7 @@ class WeightPublisher:
                 now = time.monotonic()
                 if now >= next_expiry:
                     self._expire_sessions(now)
-                    next_expiry = now + 1.0
+                    next_expiry = now + self._session_sweep_s
         except BaseException as exc:
             logger.exception("weight publisher serving loop failed")
             self._failure = exc
@@ -411,3 +417,4 @@ class WeightPublisher:
         for session_id in expired:
             logger.info("weight publisher: dropping a fetch session idle for too long")
             del self._sessions[session_id]
+            self.counts["sessions_expired"] += 1

@@ -82,9 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     from fleetrl.telemetry import setup_logging
 
     setup_logging(config.log_level, service="controller")
+    from fleetrl.trackers import TrackerError
+
     try:
         return asyncio.run(serve(config))
-    except OSError as exc:
+    except (OSError, TrackerError) as exc:
         print(f"fleetrl serve controller: {exc}", file=sys.stderr)
         return 1
 

@@ -10,6 +10,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from fleetrl.controller.step_sums import StepSums
+
 # Last step's figures from the orchestrator's metrics line: (metric, metrics.jsonl key, help).
 _STEP_GAUGES = (
     ("version_offset_max", "async/version_offset_max", "Last step's max version offset."),
@@ -18,7 +20,7 @@ _STEP_GAUGES = (
     ("train_seconds", "perf/train_time", "Last step's TrainStep call (trainer busy)."),
     ("train_wait_seconds", "perf/train_wait_time", "Trainer idle before the last step, waiting for rollouts."),
     ("weight_update_seconds", "perf/weight_update_time", "Last step's weight push to every replica."),
-    ("samples_per_second", "perf/step_samples_per_s", "Samples trained per second over the last step."),
+    ("samples_per_second", "perf/samples_per_s", "Samples trained per second over the last step."),
     ("tokens_per_second", "perf/step_tokens_per_s", "Tokens trained per second over the last step."),
 )
 
@@ -34,6 +36,27 @@ def rollout_queue_depth(scheduler: Any) -> int:
         rows = min(rows, max(scheduler._row_budget() - scheduler._rows_committed(), 0))
     cursor = scheduler.cursor
     return min(rows, len(scheduler.queue) + max(cursor.total_rows - cursor.consumed, 0))
+
+
+def step_sum_counters(sums: StepSums) -> Iterator[CounterMetricFamily]:
+    """Counters of every step's learning-curve figures (fleetrl.controller.step_sums): the dashboard draws
+    (rate(sum{sign="positive"}) - rate(sum{sign="negative"})) / rate(count), which no short step escapes."""
+    yield CounterMetricFamily("fleetrl_controller_steps", "Steps this controller recorded.", value=sums.steps)
+    count = CounterMetricFamily(
+        "fleetrl_controller_step_value_count", "Steps that reported the metric.", labels=["metric"]
+    )
+    total = CounterMetricFamily(
+        "fleetrl_controller_step_value_sum",
+        "Sum over steps of the metric's positive values (sign=positive) or of the negative ones' magnitudes "
+        "(sign=negative).",
+        labels=["metric", "sign"],
+    )
+    for key, n in sums.count.items():
+        count.add_metric([key], n)
+        total.add_metric([key, "positive"], sums.positive[key])
+        total.add_metric([key, "negative"], sums.negative[key])
+    yield count
+    yield total
 
 
 class ControllerMetrics(Collector):
@@ -79,6 +102,7 @@ class ControllerMetrics(Collector):
             "Reports from a gateway whose lease had expired (ignored).",
             value=s.counters.get("late_reports", 0),
         )
+        yield from step_sum_counters(self.orchestrator.step_sums)
         now = time.time()
         members = GaugeMetricFamily("fleetrl_controller_members", "Live members by kind.", labels=["kind"])
         for kind in ("gateway", "inference", "trainer"):
@@ -93,3 +117,12 @@ class ControllerMetrics(Collector):
             fenced.add_metric([m.member_id], int(m.fenced))
         yield lag
         yield fenced
+        trackers = CounterMetricFamily(
+            "fleetrl_controller_tracker_failures",
+            "Failed calls to an experiment tracker (W&B, TensorBoard, MLflow); the run goes on.",
+            labels=["tracker"],
+        )
+        tracker_set = getattr(self.orchestrator, "trackers", None)
+        for name, count in tracker_set.failures.items() if tracker_set is not None else ():
+            trackers.add_metric([name], count)
+        yield trackers

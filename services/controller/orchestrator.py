@@ -1,5 +1,6 @@
 """The controller's run loop: hand complete steps to the trainer, push each new version to every replica,
-open the gate once it is live, and write one metrics line per step.
+open the gate once it is live, and write one metrics line per step (to metrics.jsonl and the run's trackers,
+fleetrl.trackers), with the step's logged samples.
 
 It never reaches into gateways: they pull rows and report outcomes through the gRPC servicer, which shares the
 scheduler and registry with this loop on one asyncio event loop (so no locks are needed).
@@ -18,12 +19,18 @@ from typing import Any
 
 import grpc
 
+from fleetrl import metric_names as mn
 from fleetrl.config import Config
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
+from fleetrl.controller.step_sums import StepSums
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
+from fleetrl.sample_log import LoggedSample
+from fleetrl.step_metrics import done_fraction, reward_filter_metrics
+from fleetrl.trackers import TrackerSet
+from fleetrl.trackers.jsonl import JsonlTracker
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,7 @@ class Orchestrator:
         eval_timeout_s: float = 600.0,
         stall_timeout_s: float = 1800.0,
         restart_weights: bool = False,
+        trackers: TrackerSet | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.run_cfg = run
@@ -85,6 +93,7 @@ class Orchestrator:
         self.finished = False
         self.error = ""
         self.last_metrics: dict[str, float] = {}
+        self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
         self.groups_address = ""  # the trainer's rollout-group PULL address, from its Status
         self.evaluation = evaluation
         self.eval_timeout_s = eval_timeout_s
@@ -95,6 +104,12 @@ class Orchestrator:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._last_step_end = clock()
         self._counters_at_last_step = dict(scheduler.counters)
+        # Where each metrics line goes: metrics.jsonl always, plus the trackers `run.loggers` names.
+        self.trackers = trackers or TrackerSet([JsonlTracker(Path(run.log_path), metrics_path)])
+        # Groups the gateways rejected since the last step (dynamic filter, too few valid samples) and their
+        # samples' rewards: the step's rollout/raw_reward and rollout/filter_ratio count them.
+        self._rejected_rewards: list[float] = []
+        self._rejected_groups = 0
 
     def leasing_open(self) -> bool:
         """Rows may be leased: the run has started (trainer and replica answered; after a resume, the resumed
@@ -520,10 +535,19 @@ class Orchestrator:
         log.info("evaluation of version %d: %s", version, metrics)
         self.wakeup.set()
 
+    def record_rejected(self, rewards: list[float]) -> None:
+        """A gateway rejected a group (its samples' rewards): counted in the next step's filter metrics."""
+        self._rejected_groups += 1
+        self._rejected_rewards.extend(float(r) for r in rewards)
+
     def _append_metrics(self, line: dict[str, Any]) -> None:
-        self.metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.metrics_path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(line) + "\n")
+        self.trackers.log_metrics(int(line["step"]), line)
+
+    def close_trackers(self, failed: bool) -> None:
+        failures = {name: n for name, n in self.trackers.failures.items() if n}
+        if failures:
+            log.warning("tracker failures during the run (metrics.jsonl has every step): %s", failures)
+        self.trackers.close(failed=failed)
 
     # --- metrics -------------------------------------------------------------------------------
     def write_metrics(
@@ -538,6 +562,11 @@ class Orchestrator:
         # The offsets the controller admitted the groups at are kept apart; they must never be larger.
         offsets = step.version_offsets or (0,)
         line["async/admitted_offset_max"] = max(offsets)
+        line.update(reward_filter_metrics(trainer_metrics, self._rejected_rewards, self._rejected_groups))
+        self._rejected_rewards, self._rejected_groups = [], 0
+        line[mn.PROGRESS_DONE_FRAC] = done_fraction(
+            step.step, self.scheduler.max_steps, self.scheduler.cursor.total_rows, self.scheduler.groups_per_step
+        )
         step_time = wait + total
         line.update(
             {
@@ -546,19 +575,29 @@ class Orchestrator:
                 "perf/train_wait_time": wait,
                 "perf/wait_time_ratio": wait / step_time if step_time > 0 else 0.0,
                 "perf/weight_update_time": weight_update,
-                "perf/step_samples_per_s": samples / step_time if step_time > 0 else 0.0,
+                mn.SAMPLES_PER_S: samples / step_time if step_time > 0 else 0.0,
                 "perf/step_tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
             }
         )
         for key, value in self.scheduler.counters.items():
             line[f"producer/{key}"] = value
+        line[mn.TRACKER_FAILURES] = self.trackers.total_failures
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
+        self.step_sums.add(line)
         self._append_metrics(line)
+        if reply.samples:
+            rows = [
+                LoggedSample(
+                    step.step, s.row_id, s.prompt, s.completion, s.reward, s.version_offset, s.finish_reason
+                ).as_row()
+                for s in reply.samples
+            ]
+            self.trackers.log_samples(step.step, rows)
         log.info(
             "step %d version %d reward %.3f offset_max %d wait %.2fs train %.2fs",
             step.step,
             reply.version,
-            line.get("reward/mean", float("nan")),
+            line.get(mn.RAW_REWARD, float("nan")),
             line.get("async/version_offset_max", -1),
             wait,
             train,

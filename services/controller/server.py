@@ -1,4 +1,4 @@
-"""Builds and runs the controller: journal + scheduler + registry + gRPC servicer + orchestrator loop."""
+"""Builds and runs the controller: journal + scheduler + registry + trackers + gRPC servicer + orchestrator loop."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from fleetrl.rpc import create_grpc_server
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator, RunStopped
 from fleetrl.services.controller.servicer import ControllerServicer
+from fleetrl.trackers import make_trackers
 from fleetrl.v1 import controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,15 @@ def create_server(config: ControllerConfig) -> ControllerServer:
     journal = Journal(journal_path)
     scheduler = build_scheduler(config, journal)
     members = MemberRegistry(config.heartbeat_timeout_s)
+    metrics_path = Path(config.metrics_jsonl or log_path / "metrics.jsonl")
+    # At start, so a tracker that cannot start (or take the config) fails the run before anything trains; the
+    # resolved config goes to <log_path>/config.json and every tracker.
+    trackers = make_trackers(run, metrics_path=metrics_path, resume=config.resume)
+    try:
+        trackers.log_config(run.model_dump(mode="json"))
+    except Exception:
+        trackers.close(failed=True)
+        raise
     now = time.time()
     if config.trainer_address:
         members.register("trainer", "trainer", config.trainer_address, now)
@@ -91,7 +101,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         run,
         scheduler,
         members,
-        metrics_path=Path(config.metrics_jsonl or log_path / "metrics.jsonl"),
+        metrics_path=metrics_path,
         auth_token=config.auth_token,
         train_step_timeout_s=config.train_step_timeout_s,
         weight_push_timeout_s=config.weight_push_timeout_s,
@@ -101,6 +111,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         eval_timeout_s=config.eval_timeout_s,
         stall_timeout_s=config.stall_timeout_s,
         restart_weights=config.restart_weights,
+        trackers=trackers,
     )
     servicer = ControllerServicer(
         scheduler, members, orchestrator, run_id=uuid.uuid4().hex[:12], heartbeat_interval_s=config.heartbeat_interval_s
@@ -162,6 +173,7 @@ async def serve(config: ControllerConfig) -> int:
         await asyncio.sleep(min(config.heartbeat_interval_s, 1.0))
         await ctl.server.stop(grace=2.0)
         await ctl.orchestrator.close()
+        ctl.orchestrator.close_trackers(failed=code == 1)
         ctl.journal.close()
         await linger_then_close(metrics_server, config.metrics_linger_s, stop)
     return code

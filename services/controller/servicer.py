@@ -121,6 +121,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             if results[-1] == "rejected":  # counted once under its cause: a run that trains nothing says why
                 cause = f"rows_rejected_{rejection_cause(report.samples_dropped, report.reason)}"
                 self.scheduler.counters[cause] = self.scheduler.counters.get(cause, 0) + 1
+                self.orchestrator.record_rejected(list(report.rewards))
         if request.reports:
             self.orchestrator.last_progress = now
         self.orchestrator.wakeup.set()

@@ -114,6 +114,7 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
     """Run one gateway; `rollout_factory`/`tokenizer` objects may be given directly (fleetrl.main does)."""
     from transformers import AutoTokenizer
 
+    from fleetrl.model_path import check_model_path
     from fleetrl.ready_file import write_ready_file
     from fleetrl.services.gateway.metrics import GatewayMetrics
     from fleetrl.services.gateway.worker import Gateway
@@ -122,6 +123,7 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
 
     run_cfg = config.run
     if tokenizer is None:
+        check_model_path(run_cfg.tokenizer_model or run_cfg.base_model)
         tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
     try:
         factory = rollout_factory or load_object(config.rollout)

@@ -4,6 +4,11 @@
     completions = await setup.sampler.sample_with_tokens(messages=[{"role": "user", "content": q}], n=1)
     c = completions[0]; c.full_tokens, c.prompt_len, c.inference_logprobs, c.finish_reason, c.text, c.versions
 
+The cookbook's other sampling arguments: `stop` (a string or strings: the completion is cut after the token that
+completes one, finish_reason "stop"), `max_seq_len` (max_tokens is capped so prompt + completion fit),
+`http_timeout` (seconds for the whole call, retries included), `logprobs=True` (always on: `inference_logprobs`,
+also readable as `sampling_logprobs`); `echo=True` and `logprobs=N` (top-N) are refused with what to use instead.
+
 Requests go to the live replica with the fewest calls in flight; a call that fails with UNAVAILABLE,
 DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica. When no replica is left to try (the only
 one crashed and is restarting, or is being brought to the current version), the call waits with backoff for the
@@ -55,6 +60,70 @@ class SampledCompletion:
     @property
     def completion_tokens(self) -> list[int]:
         return self.full_tokens[self.prompt_len :]
+
+    @property
+    def sampling_logprobs(self) -> list[float]:
+        """The current cookbook's name for `inference_logprobs`."""
+        return self.inference_logprobs
+
+    @property
+    def logprobs(self) -> list[float]:
+        return self.inference_logprobs
+
+
+def cookbook_sampling_args(params: dict[str, Any], prompt_len: int) -> tuple[list[str], float | None]:
+    """Take the cookbook's extra sampling arguments out of `params` (in place): returns the stop strings and the
+    call's timeout; caps `max_tokens` by `max_seq_len`. Arguments fleetrl cannot honour raise saying what to do."""
+    stop = params.pop("stop", None)
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(isinstance(x, int) and not isinstance(x, bool) for x in stops):
+        params["stop_token_ids"] = (
+            *tuple(params.get("stop_token_ids", ()) or ()),
+            *(x for x in stops if isinstance(x, int)),
+        )
+        stops = [x for x in stops if not isinstance(x, int)]
+    if not all(isinstance(x, str) and x for x in stops):
+        raise TypeError(f"stop must be a string or a list of non-empty strings (or token ids), got {stop!r}")
+    logprobs = params.pop("logprobs", None)
+    if logprobs not in (None, True, False, 0, 1):
+        raise TypeError(
+            f"logprobs={logprobs!r}: top-N logprobs are not returned; the sampled token's logprob always is "
+            "(completion.inference_logprobs): pass logprobs=True or leave it out"
+        )
+    if params.pop("echo", False):
+        raise TypeError(
+            "echo=True is not supported: every completion already carries its prompt (full_tokens[:prompt_len]); "
+            "leave echo out"
+        )
+    max_seq_len = params.pop("max_seq_len", None)
+    if max_seq_len is not None:
+        room = int(max_seq_len) - prompt_len
+        if room < 1:
+            raise ValueError(f"the prompt ({prompt_len} tokens) leaves no room under max_seq_len {max_seq_len}")
+        params["max_tokens"] = min(int(params.get("max_tokens", 64)), room)
+    timeout = params.pop("http_timeout", None)
+    return stops, None if timeout is None else float(timeout)
+
+
+def cut_at_stop(tokenizer: Any, token_ids: list[int], stops: Sequence[str]) -> int | None:
+    """How many of `token_ids` to keep so the completion ends with the token that completes the first stop string
+    (None: no stop string in it). Binary search over decoded prefixes: a prefix that holds a stop string stays
+    holding it as tokens are added."""
+
+    def holds(n: int) -> bool:
+        text = tokenizer.decode(token_ids[:n], skip_special_tokens=True)
+        return any(s in text for s in stops)
+
+    if not stops or not token_ids or not holds(len(token_ids)):
+        return None
+    low, high = 1, len(token_ids)
+    while low < high:
+        mid = (low + high) // 2
+        if holds(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 class Sampler:
@@ -169,6 +238,9 @@ class Sampler:
         self, prompt_token_ids: Sequence[int], n: int = 1, **kwargs: Any
     ) -> list[SampledCompletion]:
         params = {**self.default_kwargs, **kwargs}
+        stops, timeout_s = cookbook_sampling_args(params, len(prompt_token_ids))
+        if stops and self.tokenizer is None:
+            raise RuntimeError("stop strings need a tokenizer (RolloutSetup.tokenizer); or pass stop_token_ids")
         seed = params.pop("seed", None)
         if seed is None:  # an explicit seed wins; the rollout's own seed is drawn only when it is used
             seed = next_rollout_seed()
@@ -185,14 +257,16 @@ class Sampler:
         if params:
             raise TypeError(f"unknown sampling arguments: {sorted(params)}")
         prompt = list(prompt_token_ids)
+        call = self.generate(request)
+        completions = await (call if timeout_s is None else asyncio.wait_for(call, timeout=timeout_s))
         out = []
-        for c in await self.generate(request):
-            text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True) if self.tokenizer is not None else ""
-            out.append(
-                SampledCompletion(
-                    prompt + list(c.token_ids), len(prompt), list(c.logprobs), c.finish_reason, text, list(c.versions)
-                )
-            )
+        for c in completions:
+            tokens, logprobs, versions, finish = list(c.token_ids), list(c.logprobs), list(c.versions), c.finish_reason
+            keep = cut_at_stop(self.tokenizer, tokens, stops)
+            if keep is not None:  # a stop string ends it, even one completed by the last token of a "length" cut
+                tokens, logprobs, versions, finish = tokens[:keep], logprobs[:keep], versions[:keep], "stop"
+            text = self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+            out.append(SampledCompletion(prompt + tokens, len(prompt), logprobs, finish, text, versions))
         return out
 
     def encode_messages(

@@ -9,7 +9,9 @@ one (the sampler, up to `replica_wait_s`) and the replica list is refreshed even
 that still finds none is an outage, not the rollout function's failure: the breaker does not count it, and a row
 that lost samples to it is reported FAILED (leased again later) rather than rejected. A rollout past
 `rollout_timeout_s` is cancelled, dropped and counted, not retried; one Generate call has its own
-`generate_timeout_s` (retried on another replica).
+`generate_timeout_s` (retried on another replica). A rollout returning an unknown type stops the gateway (exit
+code 4, the type named: fleetrl.rollout.RolloutReturnTypeError). A group with fewer than `min_group_size` valid
+samples has its missing members run again, up to `max_incomplete_group_retries` times, before it is rejected.
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from typing import Any
 
 import grpc
 
-from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN
+from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.groups import DynamicFilter, assemble_group
 from fleetrl.group_stream import GroupSender, GroupStreamError
-from fleetrl.rollout import RolloutFnFactory, RolloutSample, RolloutSetup
+from fleetrl.rollout import (
+    RolloutFnFactory,
+    RolloutReturnTypeError,
+    RolloutSetup,
+    declared_context_args,
+    is_group_rollout,
+    rollout_result_samples,
+)
 from fleetrl.rpc import open_channel
 from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.services.gateway.config import GatewayConfig
@@ -89,6 +98,9 @@ class Gateway:
         self.heartbeat_interval_s = 2.0
         self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
         self.row_latencies_s: deque[float] = deque(maxlen=100_000)
+        self._group_fn = False  # the rollout function is a group rollout (fleetrl.rollout.group_rollout)
+        self._context_args: tuple[str, ...] = ()  # the context keyword arguments it declares
+        self._num_rows: int | None = None  # dataset rows: row id -> (epoch, cursor_index)
 
     # --- controller calls ----------------------------------------------------------------------
     async def _call(self, method: Any, request: Any) -> Any:
@@ -129,6 +141,7 @@ class Gateway:
         )
         self.rollout_fn = self.rollout_factory(setup)
         self.setup = setup
+        self._set_context_args()
         if self.evaluation_fn is not None:
             if not self.run_cfg.eval_dataset:
                 raise ValueError("--evaluation needs run.eval_dataset (a JSONL of held-out rows)")
@@ -181,6 +194,9 @@ class Gateway:
         except CircuitOpenError as exc:
             log.error("gateway %s stopped: %s", self.gateway_id, exc)
             return EXIT_CIRCUIT_OPEN
+        except RolloutReturnTypeError as exc:
+            log.error("gateway %s stopped: %s", self.gateway_id, exc)
+            return EXIT_USER_CODE
         finally:
             for task in tasks:
                 task.cancel()
@@ -239,22 +255,94 @@ class Gateway:
         )
 
     # --- one row -------------------------------------------------------------------------------
+    def _set_context_args(self) -> None:
+        """Which context keyword arguments the rollout function declares (inspected once), and the dataset size
+        that turns a row id into (epoch, cursor_index) when it asks for them."""
+        self._group_fn = is_group_rollout(self.rollout_fn)
+        self._context_args = declared_context_args(self.rollout_fn)
+        if {"epoch", "cursor_index"} & set(self._context_args):
+            from fleetrl.controller.dataset import load_rows
+
+            if not self.run_cfg.dataset:
+                raise ValueError("a rollout function that takes epoch or cursor_index needs run.dataset")
+            self._num_rows = len(load_rows(self.run_cfg.dataset, self.run_cfg.max_rows))
+
+    def _context(self, leased: Any, rollout_idx: int) -> dict[str, Any]:
+        names = self._context_args
+        if not names:
+            return {}
+        n = self._num_rows or 0
+        values = {
+            "cursor_index": leased.row_id % n if n else leased.row_id,
+            "epoch": leased.row_id // n if n else 0,
+            "rollout_idx": rollout_idx,
+            "evaluation": False,
+            "row_id": leased.row_id,
+            "submit_version": leased.submit_version,
+            "attempt": leased.attempt,
+        }
+        return {name: values[name] for name in names}
+
+    @property
+    def min_group_size(self) -> int:
+        """The gateway's own min_samples when set, else the run's min_group_size."""
+        if "min_samples" in self.config.model_fields_set:
+            return self.config.min_samples
+        return self.run_cfg.min_group_size
+
+    async def _run_members(self, row: dict[str, Any], leased: Any, members: list[int], retry: int = 0) -> list[Any]:
+        """The results of group `members` (their rollout_idx); a retry samples with seeds of its own."""
+        g = self.run_cfg.completions_per_prompt
+        if self._group_fn:  # one call returns the whole group (fleetrl.tinker)
+            key = self._rollout_key(leased, g * retry + members[0])
+            out = await self.one_rollout(row, key, self._context(leased, 0), len(members))
+            if isinstance(out, BaseException):
+                return [out] * len(members)
+            if not isinstance(out, list | tuple) or len(out) != len(members):
+                got = f"{type(out).__name__}" + (f" of {len(out)}" if isinstance(out, list | tuple) else "")
+                raise RolloutReturnTypeError(f"a group rollout must return a list of {len(members)} results, got {got}")
+            return list(out)
+        calls = (
+            self.one_rollout(row, self._rollout_key(leased, g * retry + i), self._context(leased, i)) for i in members
+        )
+        return list(await asyncio.gather(*calls))
+
+    async def _group_results(self, row: dict[str, Any], leased: Any) -> list[Any]:
+        """The G results of a row; members that produced no valid sample run again (max_incomplete_group_retries)
+        while the group is short of min_group_size."""
+        g = self.run_cfg.completions_per_prompt
+        results = await self._run_members(row, leased, list(range(g)))
+        for retry in range(1, self.run_cfg.max_incomplete_group_retries + 1):
+            missing = [i for i, r in enumerate(results) if not _usable(r)]
+            if not missing or g - len(missing) >= self.min_group_size:
+                break
+            if any(isinstance(results[i], NoReplicaError) for i in missing):
+                break  # an outage: the row is reported FAILED and leased again, not patched up here
+            self.counters["group_retries"] += 1
+            again = await self._run_members(row, leased, missing if not self._group_fn else list(range(g)), retry)
+            if self._group_fn:  # a group rollout scores the group together: take the new group whole
+                results = again
+                continue
+            for i, result in zip(missing, again, strict=True):
+                results[i] = result
+        return results
+
     async def process_row(self, leased: Any) -> None:
         started = time.monotonic()
         row = json.loads(leased.row_json)
-        g = self.run_cfg.completions_per_prompt
-        results = await asyncio.gather(*(self.one_rollout(row, self._rollout_key(leased, i)) for i in range(g)))
+        results = await self._group_results(row, leased)
         assembled = assemble_group(
             leased.row_id,
             leased.submit_version,
             results,
-            self.config.min_samples,
+            self.min_group_size,
             self.dynamic_filter,
             self.gateway_id,
             max_seq_len=self.run_cfg.max_seq_len,
             attempt=leased.attempt,
             vocab_size=self.vocab_size,
             lease_tag=leased.lease_tag,
+            row=row,
         )
         self.counters.update({f"samples_dropped_{k}": v for k, v in assembled.dropped.items()})
         report = controller_pb2.RowReport(
@@ -263,6 +351,7 @@ class Gateway:
             samples_dropped=dict(assembled.dropped),
             min_version=assembled.min_version,
             attempt=leased.attempt,
+            rewards=[float(s.reward) for s in assembled.group.samples],
         )
         if assembled.accepted:
             try:
@@ -297,11 +386,17 @@ class Gateway:
         return RolloutKey(self.run_cfg.seed, leased.row_id, leased.submit_version, sample_index)
 
     async def one_rollout(
-        self, row: dict[str, Any], key: RolloutKey | None = None
-    ) -> RolloutSample | BaseException | None:
-        """One call of the user's rollout function, retried on recoverable errors. With `key`, its sampling calls
-        are seeded from it (fleetrl.sampling_seed); a retry starts from the same seeds, so a transport hiccup does
-        not change what is sampled."""
+        self,
+        row: dict[str, Any],
+        key: RolloutKey | None = None,
+        context: dict[str, Any] | None = None,
+        group_size: int | None = None,
+    ) -> Any:
+        """One call of the user's rollout function (with the context keyword arguments it declares; with
+        `group_size`, a group rollout's call for the whole group), retried on recoverable errors. With `key`, its
+        sampling calls are seeded from it (fleetrl.sampling_seed); a retry starts from the same seeds, so a
+        transport hiccup does not change what is sampled."""
+        args: tuple[Any, ...] = (dict(row),) if group_size is None else (dict(row), group_size)
         async with self._slots:
             ticket = self.breaker.start()  # the breaker judges outcomes in start order
             for attempt in range(1, self.config.rollout_retries + 1):
@@ -309,7 +404,7 @@ class Gateway:
                 try:
                     with rollout_seed_scope(key) if key is not None else contextlib.nullcontext():
                         result = await asyncio.wait_for(
-                            self.rollout_fn(dict(row)), timeout=self.config.rollout_timeout_s
+                            self.rollout_fn(*args, **(context or {})), timeout=self.config.rollout_timeout_s
                         )
                 except TimeoutError as exc:
                     if time.monotonic() - started >= self.config.rollout_timeout_s:
@@ -348,6 +443,7 @@ class Gateway:
         raise AssertionError("unreachable")
 
     def _failed(self, exc: BaseException, ticket: int | None = None) -> BaseException:
+        """Count and log a failed rollout; the breaker records it."""
         self.counters["rollouts_failed"] += 1
         kind = type(exc).__name__
         if kind not in self._seen_errors:  # the traceback once per error type, not once per sample
@@ -355,3 +451,24 @@ class Gateway:
             log.error("rollout raised %s (logged once):\n%s", kind, "".join(traceback.format_exception(exc)))
         self.breaker.record(False, f"{kind}: {exc}", ticket=ticket)
         return exc
+
+
+def _usable(result: Any) -> bool:
+    """Whether a rollout result holds at least one valid sample (a wrong type is left for assembly to refuse)."""
+    if isinstance(result, BaseException) or result is None:
+        return False
+    try:
+        samples = rollout_result_samples(result)
+    except (RolloutReturnTypeError, ValueError):
+        return True
+    return any(_valid(s) for s in samples or ())
+
+
+def _valid(sample: Any) -> bool:
+    from fleetrl.rollout import InvalidSampleError, validate_sample
+
+    try:
+        validate_sample(sample)
+    except InvalidSampleError:
+        return False
+    return True

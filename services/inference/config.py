@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+_VLLM_MAX_LORA_RANK = 512
+
 
 class InferenceConfigError(ValueError):
     """A config that cannot run; the message names the field."""
@@ -69,6 +71,12 @@ class InferenceConfig(BaseModel):
     member_id: str | None = Field(
         None, description="Id to register under (with controller_address); None = inference-<host>-<pid>."
     )
+    max_lora_rank: int = Field(
+        0,
+        ge=0,
+        description="Largest LoRA adapter rank served (0 = LoRA off: full-weight versions only); vLLM sizes "
+        "its LoRA slots for the next rank it supports (1, 8, 16, 32, 64, 128, 256, 320, 512).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> InferenceConfig:
@@ -86,6 +94,8 @@ class InferenceConfig(BaseModel):
         values = [p for _, p in ports]
         if len(values) != len(set(values)):
             raise ValueError(f"ports must differ: {dict(ports)}")
+        if self.engine == "vllm" and self.max_lora_rank > _VLLM_MAX_LORA_RANK:
+            raise ValueError(f"max_lora_rank: vLLM serves LoRA ranks up to {_VLLM_MAX_LORA_RANK}")
         if self.member_id is not None and not self.controller_address:
             raise ValueError("member_id: an id to register under needs controller_address (--controller)")
         return self

@@ -11,6 +11,11 @@ Not a substitute for vLLM, but the same API and semantics (one conformance suite
 - Weight loads fetch and verify while generation continues; the worker swaps the tensors in between two decode
   steps (the pause), then recomputes the KV cache of in-flight sequences with the new weights. Tokens sampled
   after the swap record the new version and come from exactly that version's forward.
+- A LoRA adapter version (`manifest.is_adapter`, engine started with `max_lora_rank` > 0) is checked against the
+  model (services/inference/lora.py) and merged before the pause: each adapted weight becomes a kept copy of its
+  base weight plus scaling * B @ A, so the swap is the same in-place copy as for full weights and version N's
+  adapter always lands on the base, never on top of version N-1's (layers N-1 adapted and N does not get their
+  base back).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from fleetrl.model_path import check_model_path
 from fleetrl.services.inference.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -39,6 +46,7 @@ from fleetrl.services.inference.engine import (
     check_state_dict_matches,
 )
 from fleetrl.services.inference.hf_batch import KVBatch
+from fleetrl.services.inference.lora import plan_adapter
 from fleetrl.services.inference.sampling import processed_logprobs, sample_tokens
 
 logger = logging.getLogger(__name__)
@@ -87,7 +95,9 @@ class HFEngine(InferenceEngine):
         dtype: str = "float32",
         seed: int = 0,
         request_timeout_s: float = 600.0,
+        max_lora_rank: int = 0,
     ) -> None:
+        """max_lora_rank: the largest LoRA adapter rank accepted (0 = full-weight versions only)."""
         self.model_path = str(model_path)
         self.loaded_version = 0
         self.loaded_checksum = ""
@@ -95,6 +105,9 @@ class HFEngine(InferenceEngine):
         self._dtype = getattr(torch, dtype)
         self._rng = random.Random(seed)
         self._request_timeout_s = request_timeout_s
+        self._max_lora_rank = max_lora_rank
+        self._lora_base: dict[str, torch.Tensor] = {}  # base copies of every weight an adapter has touched
+        self._lora_adapted: frozenset[str] = frozenset()  # weights that now hold base + the adapter's delta
         self._model = None
         self._cv = threading.Condition()
         self._pending: collections.deque[_Group] = collections.deque()
@@ -120,6 +133,7 @@ class HFEngine(InferenceEngine):
     def _load_model(self) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+        check_model_path(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._dtype)
         model.eval()
         eos: set[int] = set()
@@ -237,7 +251,11 @@ class HFEngine(InferenceEngine):
                 ) from None
             if manifest.version != version:
                 raise WeightLoadError(f"asked for version {version}, got {manifest.version}")
-            await asyncio.to_thread(check_state_dict_matches, self._specs, tensors, optional=self._aliases)
+            adapted: frozenset[str] = frozenset()
+            if manifest.is_adapter:
+                tensors, adapted = await asyncio.to_thread(self._merge_adapter, manifest.adapter, tensors)
+            else:
+                await asyncio.to_thread(check_state_dict_matches, self._specs, tensors, optional=self._aliases)
             transfer_s = time.perf_counter() - start
             swap = _Swap(version=version, checksum=manifest.checksum, tensors=tensors)
             with self._cv:
@@ -250,7 +268,31 @@ class HFEngine(InferenceEngine):
                     if self._swap is swap:  # not started: withdraw it, the old weights stay
                         self._swap = None
                 raise WeightLoadError(f"the swap to version {version} timed out") from None
+            if manifest.is_adapter:
+                self._lora_adapted = adapted
+            else:  # a full model is the new base: nothing holds an adapter's delta any more
+                self._lora_base, self._lora_adapted = {}, frozenset()
             return LoadResult(version, manifest.checksum, transfer_s, pause_s)
+
+    def _merge_adapter(
+        self, adapter: Any, tensors: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], frozenset[str]]:
+        """The weights an adapter version sets: base + scaling * B @ A for each layer it adapts, and the base
+        again for layers the previous adapter adapted and this one does not (WeightLoadError if it does not fit).
+        Also returns the names of the weights it adapts."""
+        specs = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in tensors.items()}
+        plan = plan_adapter(adapter, specs, self._specs, self._max_lora_rank)
+        merged: dict[str, torch.Tensor] = {}
+        for layer in plan.layers:
+            base = self._lora_base.get(layer.weight)
+            if base is None:  # not adapted yet, so the live weight is the base
+                base = self._lora_base[layer.weight] = self._state[layer.weight].detach().clone()
+            delta = tensors[layer.lora_b].float() @ tensors[layer.lora_a].float()
+            merged[layer.weight] = (base.float() + plan.scaling * delta).to(base.dtype)
+        adapted = frozenset(merged)
+        for name in self._lora_adapted - adapted:
+            merged[name] = self._lora_base[name]
+        return merged, adapted
 
     def _apply_swap(self, swap: _Swap) -> None:
         start = time.perf_counter()

@@ -2,7 +2,7 @@
 
     fleetrl serve inference --model PATH --engine vllm|hf --grpc-port 50051 --http-port 8000 \\
         --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics] \\
-        [--controller HOST:PORT [--member-id ID]]
+        [--controller HOST:PORT [--member-id ID]] [--max-lora-rank R]
 
 With --controller the replica joins that run once serving: it registers, heartbeats, and the controller brings it
 to the run's current version before routing rollouts to it.
@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
     parser.add_argument("--controller", help="HOST:PORT of a run's controller: join that run once serving")
     parser.add_argument("--member-id", help="id to register with the controller under (default inference-<host>-<pid>)")
+    parser.add_argument(
+        "--max-lora-rank", type=int, help="serve LoRA adapter versions up to this rank (default 0: LoRA off)"
+    )
     return parser
 
 
@@ -69,6 +72,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "ready_file": args.ready_file,
         "controller_address": args.controller,
         "member_id": args.member_id,
+        "max_lora_rank": args.max_lora_rank,
     }
     overrides = {k: v for k, v in overrides.items() if v is not None}
     if args.config is not None:

@@ -183,6 +183,7 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
             dtype=config.dtype,
             seed=config.seed,
             request_timeout_s=config.request_timeout_s,
+            max_lora_rank=config.max_lora_rank,
         )
     from fleetrl.services.inference.vllm_engine import VLLMEngine
 
@@ -193,6 +194,7 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
         dtype=config.dtype,
         seed=config.seed,
         kv_cache_gib=config.kv_cache_gib,
+        max_lora_rank=config.max_lora_rank,
         **kwargs,
     )
 

@@ -15,6 +15,11 @@ Semantics (shared with the hf engine, checked by tests/integration/inference/con
   while generation continues; the swap itself runs under ``pause_generation(mode="keep")``, which freezes
   in-flight requests, and the cleared KV cache makes them recompute their context with the new weights when
   generation resumes, so every token labelled with a version was sampled from exactly that version.
+- LoRA (``max_lora_rank`` > 0): an adapter version is fetched and checked here (services/inference/lora.py),
+  written to a per-version folder and added with ``add_lora`` as a new LoRA adapter, without pausing
+  generation. New requests carry the newest adapter's ``LoRARequest``; a request keeps the adapter it started
+  with, so all its tokens carry that version. An older adapter is removed (``remove_lora``, folder deleted)
+  once no request uses it.
 
 vLLM spawns processes (engine core, workers): a program that starts this engine needs a ``__main__`` guard.
 """
@@ -23,11 +28,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import json
 import logging
+import os
+import shutil
+import tempfile
 import time
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from fleetrl.model_path import check_model_path
 from fleetrl.services.inference.engine import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -51,6 +63,29 @@ _GIB = 1 << 30
 _RATE_WINDOW_S = 10.0
 _POLL_S = 0.02  # staging status poll: each poll is one cheap rpc between two engine steps
 _RPC_TIMEOUT_S = 60.0
+# The ranks vLLM accepts as max_lora_rank (vllm.config.lora.MaxLoRARanks); --max-lora-rank rounds up to one.
+_VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Adapters in one batch: the newest version's, the previous one's for requests that started before the swap,
+# and one more so that a request spanning two swaps does not hold new requests back.
+_MAX_LORAS = 3
+
+
+@dataclass(eq=False)
+class _Adapter:
+    """One adapter version loaded into vLLM, and how many requests in flight use it."""
+
+    version: int
+    request: Any  # vllm LoRARequest
+    path: Path
+    users: int = 0
+
+
+def vllm_lora_rank(max_lora_rank: int) -> int:
+    """The smallest rank vLLM accepts as max_lora_rank that is >= `max_lora_rank`."""
+    for rank in _VLLM_LORA_RANKS:
+        if rank >= max_lora_rank:
+            return rank
+    raise ValueError(f"max_lora_rank {max_lora_rank} exceeds vLLM's largest ({_VLLM_LORA_RANKS[-1]})")
 
 
 class VLLMEngine(InferenceEngine):
@@ -71,11 +106,13 @@ class VLLMEngine(InferenceEngine):
         max_num_seqs: int | None = None,
         gpu_memory_utilization: float | None = None,
         request_timeout_s: float = 600.0,
+        max_lora_rank: int = 0,
     ) -> None:
         """max_model_len None: the model's own limit. kv_cache_gib: KV cache size (vLLM's kv_cache_memory_bytes;
         on CPU it must be set, or vLLM wants 92 % of RAM); None leaves the size to vLLM (on GPU:
         gpu_memory_utilization). max_num_seqs None: vLLM's default. enforce_eager: no torch.compile / CUDA
-        graphs (fast start; turn off on GPU for throughput)."""
+        graphs (fast start; turn off on GPU for throughput). max_lora_rank: the largest LoRA adapter rank
+        served (0 = LoRA off: full-weight versions only)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if max_model_len is not None and max_model_len < 2:
@@ -84,6 +121,8 @@ class VLLMEngine(InferenceEngine):
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {max_num_seqs}")
         if kv_cache_gib is not None and not kv_cache_gib > 0:
             raise ValueError(f"kv_cache_gib must be positive or None, got {kv_cache_gib}")
+        if max_lora_rank:
+            vllm_lora_rank(max_lora_rank)  # fails now for a rank vLLM cannot serve
         self.model_path = str(model_path)
         self.loaded_version = 0
         self.loaded_checksum = ""
@@ -96,6 +135,12 @@ class VLLMEngine(InferenceEngine):
         self._max_num_seqs = max_num_seqs
         self._gpu_memory_utilization = gpu_memory_utilization
         self._request_timeout_s = request_timeout_s
+        self._max_lora_rank = max_lora_rank
+        self._adapter: _Adapter | None = None  # the newest adapter version: new requests use it
+        self._retiring: list[_Adapter] = []  # older versions that requests in flight still use
+        self._next_lora_id = 1
+        self._lora_dir: Path | None = None
+        self._base_spec: Any = None  # the model's weight spec, for checking adapters (built once)
         self._llm: Any = None  # vllm.v1.engine.async_llm.AsyncLLM once started
         self._vocab_size: int | None = None
         self._load_lock = asyncio.Lock()
@@ -121,6 +166,13 @@ class VLLMEngine(InferenceEngine):
             kwargs["max_num_seqs"] = self._max_num_seqs
         if self._gpu_memory_utilization is not None:
             kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
+        if self._max_lora_rank:
+            kwargs.update(
+                enable_lora=True,
+                max_lora_rank=vllm_lora_rank(self._max_lora_rank),
+                max_loras=_MAX_LORAS,
+                max_cpu_loras=_MAX_LORAS + 1,
+            )
         return AsyncEngineArgs(
             model=self.model_path,
             tokenizer=self.model_path,
@@ -138,6 +190,7 @@ class VLLMEngine(InferenceEngine):
     async def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        check_model_path(self.model_path)
         args = self.engine_args()
         # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
         # loop responsive meanwhile.
@@ -158,6 +211,9 @@ class VLLMEngine(InferenceEngine):
         llm, self._llm = self._llm, None
         if llm is not None:
             await asyncio.to_thread(llm.shutdown)
+        if self._lora_dir is not None:
+            shutil.rmtree(self._lora_dir, ignore_errors=True)
+            self._lora_dir = None
 
     @property
     def vocab_size(self) -> int | None:
@@ -212,13 +268,23 @@ class VLLMEngine(InferenceEngine):
         )
         self._requests_total += 1
         self._in_flight_seqs += request.n
+        adapter = self._adapter  # the request keeps this adapter (and so its version) to the end
+        if adapter is not None:
+            adapter.users += 1
         try:
-            final = await asyncio.wait_for(self._final_output(llm, prompt, params), self._request_timeout_s)
+            final = await asyncio.wait_for(
+                self._final_output(llm, prompt, params, None if adapter is None else adapter.request),
+                self._request_timeout_s,
+            )
         except TimeoutError:
             raise EngineError(f"generate timed out after {self._request_timeout_s} s") from None
         finally:
             self._in_flight_seqs -= request.n
-        completions = [self._completion(out, len(request.prompt_token_ids)) for out in final.outputs]
+            if adapter is not None:
+                adapter.users -= 1
+                await self._retire_unused()
+        prompt_len = len(request.prompt_token_ids)
+        completions = [self._completion(out, prompt_len, adapter) for out in final.outputs]
         completions.sort(key=lambda c: c[0])
         result = [c for _, c in completions]
         if len(result) != request.n:
@@ -226,15 +292,15 @@ class VLLMEngine(InferenceEngine):
         self._count_tokens(sum(len(c.token_ids) for c in result))
         return result
 
-    async def _final_output(self, llm: Any, prompt: Any, params: Any) -> Any:
+    async def _final_output(self, llm: Any, prompt: Any, params: Any, lora_request: Any) -> Any:
         final = None
-        async for out in llm.generate(prompt, params, uuid.uuid4().hex):
+        async for out in llm.generate(prompt, params, uuid.uuid4().hex, lora_request=lora_request):
             final = out
         if final is None or not final.finished:
             raise EngineError("vLLM ended the request without a final output")
         return final
 
-    def _completion(self, out: Any, prompt_len: int) -> tuple[int, Completion]:
+    def _completion(self, out: Any, prompt_len: int, adapter: _Adapter | None) -> tuple[int, Completion]:
         if out.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
             raise EngineError(f"vLLM finished a completion with reason {out.finish_reason!r}")
         token_ids = [int(t) for t in out.token_ids]
@@ -244,6 +310,8 @@ class VLLMEngine(InferenceEngine):
         versions = [self.loaded_version] * len(token_ids)
         for span in out.weight_versions or ():
             versions[span.start : span.end] = [int(span.version)] * (span.end - span.start)
+        if adapter is not None:  # every token came from the base weights plus this adapter
+            versions = [adapter.version] * len(token_ids)
         return out.index, Completion(token_ids, logprobs, out.finish_reason, prompt_len, versions)
 
     def queue_depth(self) -> int:
@@ -283,6 +351,10 @@ class VLLMEngine(InferenceEngine):
         async with self._load_lock:
             if version <= self.loaded_version:
                 raise WeightLoadError(f"version {version} is not newer than the loaded version {self.loaded_version}")
+            if self._max_lora_rank:
+                result = await self._load_if_adapter(version, source, auth_token, timeout_s)
+                if result is not None:
+                    return result
             load_id = uuid.uuid4().hex
             handle = {
                 "load_id": load_id,
@@ -301,6 +373,10 @@ class VLLMEngine(InferenceEngine):
                 except Exception:  # cleanup only: the load's own error is what the caller needs
                     logger.warning("could not discard staged weights %s", load_id, exc_info=True)
                 raise
+            if self._adapter is not None:  # a full model is a new base: new requests go without the old adapter
+                self._retiring.append(self._adapter)
+                self._adapter = None
+                await self._retire_unused()
             # The server logs the one INFO line per load; this is for engine-level debugging.
             logger.debug(
                 "loaded weights version %d (checksum %s): transfer %.3fs, pause %.3fs",
@@ -361,3 +437,91 @@ class VLLMEngine(InferenceEngine):
             "relabel_and_resume_s": end - applied,
         }
         return end - start, checksum
+
+    # ----- LoRA adapters -----
+    async def _load_if_adapter(
+        self, version: int, source: str, auth_token: str | None, timeout_s: float
+    ) -> LoadResult | None:
+        """Load `version` as a new LoRA adapter if it is one (None: a full model, for the in-place path).
+
+        Fetch and check run while generation continues; `add_lora` loads the adapter into vLLM's CPU cache
+        between two engine steps. Nothing pauses: requests in flight keep their adapter, new ones get this one.
+        """
+        from vllm.lora.request import LoRARequest
+
+        start = time.perf_counter()
+        try:
+            fetched = await asyncio.wait_for(
+                asyncio.to_thread(self._fetch_adapter, version, source, auth_token, timeout_s), timeout_s + 5.0
+            )
+        except TimeoutError:
+            raise WeightLoadError(f"fetching version {version} from {source} timed out after {timeout_s} s") from None
+        if fetched is None:
+            return None
+        manifest, tensors = fetched
+        path = await asyncio.to_thread(self._write_adapter, version, manifest.adapter, tensors)
+        request = LoRARequest(f"fleetrl-v{version}", self._next_lora_id, str(path))
+        self._next_lora_id += 1
+        try:
+            added = await asyncio.wait_for(self._llm.add_lora(request), _RPC_TIMEOUT_S)
+            if not added:
+                raise RuntimeError(f"an adapter with id {request.lora_int_id} is already loaded")
+        except Exception as exc:  # vLLM's own checks (and its worker errors) come back as plain exceptions
+            shutil.rmtree(path, ignore_errors=True)
+            raise WeightLoadError(f"vLLM refused LoRA adapter version {version}: {exc}") from exc
+        old, self._adapter = self._adapter, _Adapter(version, request, path)
+        self.loaded_version, self.loaded_checksum = version, manifest.checksum
+        if old is not None:
+            self._retiring.append(old)
+        await self._retire_unused()
+        return LoadResult(version, manifest.checksum, time.perf_counter() - start, 0.0)
+
+    def _fetch_adapter(
+        self, version: int, source: str, auth_token: str | None, timeout_s: float
+    ) -> tuple[Any, dict[str, Any]] | None:
+        """Fetch and check an adapter version (runs in a thread); None, before any tensor moves, for a full
+        model."""
+        from fleetrl.services.inference.lora import plan_adapter
+        from fleetrl.services.inference.vllm_worker import expected_weight_spec
+        from fleetrl.weights import WeightTransferError, iter_weights
+
+        try:
+            with iter_weights(source, version, timeout_s=timeout_s, auth_token=auth_token) as stream:
+                manifest = stream.manifest
+                if not manifest.is_adapter:
+                    return None
+                if self._base_spec is None:
+                    model_config = self._llm.model_config
+                    self._base_spec = expected_weight_spec(model_config.hf_config, self._dtype, self.model_path)
+                entries = {spec.name: (spec.shape, spec.dtype) for spec in manifest.tensors}
+                plan_adapter(manifest.adapter, entries, self._base_spec.tensors, self._max_lora_rank)
+                return manifest, dict(stream)
+        except WeightTransferError as exc:
+            raise WeightLoadError(f"fetching version {version} from {source}: {exc}") from exc
+
+    def _write_adapter(self, version: int, config: Any, tensors: dict[str, Any]) -> Path:
+        """A PEFT adapter folder for `version` (adapter_config.json + adapter_model.safetensors), in /dev/shm
+        where there is one: vLLM loads adapters from a path only."""
+        from safetensors.torch import save_file
+
+        if self._lora_dir is None:
+            shm = Path("/dev/shm")
+            where = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+            self._lora_dir = Path(tempfile.mkdtemp(prefix="fleetrl-lora-", dir=where))
+        path = self._lora_dir / f"v{version}"
+        path.mkdir()
+        (path / "adapter_config.json").write_text(json.dumps(dict(config)))
+        save_file({name: t.contiguous() for name, t in tensors.items()}, str(path / "adapter_model.safetensors"))
+        return path
+
+    async def _retire_unused(self) -> None:
+        """Remove older adapters that no request in flight uses any more (and delete their folders)."""
+        unused = [a for a in self._retiring if a.users == 0]
+        self._retiring = [a for a in self._retiring if a.users > 0]
+        for adapter in unused:
+            if self._llm is not None:
+                try:
+                    await asyncio.wait_for(self._llm.remove_lora(adapter.request.lora_int_id), _RPC_TIMEOUT_S)
+                except Exception:  # the engine going away frees it anyway; the folder goes regardless
+                    logger.warning("could not remove LoRA adapter version %d", adapter.version, exc_info=True)
+            shutil.rmtree(adapter.path, ignore_errors=True)

@@ -118,6 +118,11 @@ def check_manifest(manifest: Any, version: int, spec: WeightSpec) -> None:
 
     if manifest.version != version:
         raise WeightLoadError(f"asked for weights version {version}, the stream sent {manifest.version}")
+    if manifest.is_adapter:  # the engine loads adapters itself when LoRA is on, so LoRA is off here
+        raise WeightLoadError(
+            f"weights version {version} is a LoRA adapter but this replica serves full weights only; start it "
+            "with --max-lora-rank R (R >= the adapter's rank) to serve adapters"
+        )
     check_state_dict_matches(spec.tensors, {entry.name: entry for entry in manifest.tensors}, optional=spec.optional)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from fleetrl.config import Config, build_service_config
+from fleetrl.config import Config, build_service_config, check_warm_start_adapter
 
 
 class TrainerConfigError(ValueError):
@@ -33,7 +33,8 @@ class TrainerServiceConfig(BaseModel):
     reference: str | None = Field(
         None,
         description="Where ref logprobs come from when kl_beta > 0: HOST:PORT of `fleetrl serve reference`, "
-        "or 'local' (a frozen copy in this process). Unused when kl_beta = 0.",
+        "or 'local' (a frozen copy in this process). Unused when kl_beta = 0 or with LoRA (the base weights "
+        "with the adapter disabled are the reference).",
     )
     auth_token: str | None = Field(
         None, description="Shared token for gRPC, the group stream and the weight stream; None = $FLEETRL_AUTH_TOKEN."
@@ -81,11 +82,12 @@ class TrainerServiceConfig(BaseModel):
     def _check(self) -> TrainerServiceConfig:
         if not self.run.base_model:
             raise ValueError("run.base_model: the model to train is required (path or hub id)")
-        if self.run.kl_beta > 0 and self.reference is None:
+        if self.run.kl_beta > 0 and self.reference is None and not self.run.lora:
             raise ValueError(
                 f"reference: run.kl_beta = {self.run.kl_beta} > 0 needs reference logprobs: pass --reference "
                 "HOST:PORT (fleetrl serve reference) or --reference local, or set kl_beta = 0"
             )
+        check_warm_start_adapter(self.run)
         ports = [p for p in (self.grpc_port, self.groups_port, self.weights_port, self.metrics_port) if p]
         if len(ports) != len(set(ports)):
             raise ValueError(

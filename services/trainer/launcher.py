@@ -7,7 +7,8 @@
 
 `--set` overrides run-config keys (TOML values: --set learning_rate=1e-4 --set policy_loss='"ppo"' or
 --set policy_loss=ppo). `--model PATH` is a shortcut for --set base_model=PATH. In standalone mode with
-kl_beta > 0 and no --reference, a frozen in-process copy of the base model serves the reference logprobs.
+kl_beta > 0 and no --reference, a frozen in-process copy of the base model serves the reference logprobs; with
+LoRA (lora_rank > 0) the reference is always the base weights with the adapter disabled, and --reference is unused.
 Heavy modules (torch, grpc, zmq) are imported after parsing, so --help is fast.
 """
 
@@ -64,7 +65,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         overrides["base_model"] = args.model
     run = Config.from_toml(args.config, overrides) if args.config else Config.load(overrides, source="--set")
     reference = args.reference
-    if reference is None and args.standalone and run.kl_beta > 0:
+    if reference is None and args.standalone and run.kl_beta > 0 and not run.lora:
         reference = "local"
     values = {
         "run": run,

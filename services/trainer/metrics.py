@@ -1,9 +1,9 @@
 """Prometheus metrics of the policy trainer (its own registry; see fleetrl.telemetry).
 
 Every per-step figure of `StepResult.metrics` is a gauge named `fleetrl_trainer_<name>` with the name's
-non-alphanumerics as underscores: loss, grad_norm, entropy, clip_frac, ppo_kl, ref_kl, tis_weight_mean,
-kl_sample_train_v1/v2, perf/tokens_per_s -> fleetrl_trainer_perf_tokens_per_s, perf/fwd_bwd_time,
-perf/ref_forward_time, perf/optim_step_time, perf/weight_publish_time, reward/mean, ...
+non-alphanumerics as underscores: train/loss -> fleetrl_trainer_train_loss, optim/grad_norm, optim/entropy,
+train/clip_frac, optim/ppo_kl, train/kl_ref, perf/tokens_per_s -> fleetrl_trainer_perf_tokens_per_s,
+rollout/filtered_reward, ... (the keys are listed in docs/metrics.md).
 Also: steps_total, version, published_version, buffered_groups, and the group stream's counters:
 groups_received_total, samples_received_total, samples_dropped_total{field}, messages_dropped_total{reason},
 groups_duplicate_total.

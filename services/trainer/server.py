@@ -52,7 +52,8 @@ def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrain
     ref_fn = None
     if ctx.is_main:
         ref_fn = make_reference_fn(
-            config.reference if config.run.kl_beta > 0 else None,
+            # LoRA: the policy's own base weights (adapter disabled) are the reference; nothing to connect to.
+            config.reference if config.run.kl_beta > 0 and not config.run.lora else None,
             config.run,
             auth_token=config.auth_token,
             timeout_s=config.reference_timeout_s,
@@ -102,6 +103,17 @@ def step_to_proto(result: StepResult, weights_address: str) -> trainer_pb2.Train
         skipped_row_ids=result.skipped_row_ids,
         already_trained=result.already_trained,
         checkpoint_path=result.checkpoint_path or "",
+        samples=[
+            trainer_pb2.TrainSample(
+                row_id=s.row_id,
+                prompt=s.prompt,
+                completion=s.completion,
+                reward=s.reward,
+                version_offset=s.version_offset,
+                finish_reason=s.finish_reason,
+            )
+            for s in result.samples
+        ],
     )
 
 

@@ -4,13 +4,13 @@
 
 Steps take P groups in file order (the last step may be partial); `max_steps` stops early. Invalid samples
 are dropped and counted as on the stream. The data position is the number of groups consumed, so
-`--resume` continues where the checkpoint left off. Per-step metrics go to <log_path>/metrics.jsonl; at the
+`--resume` continues where the checkpoint left off. Per-step metrics go to <log_path>/metrics.jsonl (a few
+decoded samples every log_samples_interval steps to samples.jsonl, the resolved config to config.json); at the
 end, a checkpoint and the HF export (output_dir). No weights are published (nobody is listening).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 
 from fleetrl.groups import read_groups_jsonl, split_valid
 from fleetrl.services.trainer.config import TrainerServiceConfig
+from fleetrl.trackers.jsonl import JsonlTracker
 from fleetrl.trainer import PolicyTrainer
 
 logger = logging.getLogger(__name__)
@@ -47,19 +48,20 @@ def run_standalone(config: TrainerServiceConfig, trainer: PolicyTrainer) -> int:
         consumed = int(position.get("groups_consumed", 0)) if isinstance(position, dict) else 0
         logger.info("standalone: resumed at version %d, %d groups consumed", trainer.version, consumed)
 
-    metrics_path = Path(run.log_path) / "metrics.jsonl"
-    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+    # The run folder's own record, as under a controller: metrics.jsonl, samples.jsonl, config.json.
+    record = JsonlTracker(Path(run.log_path), Path(run.log_path) / "metrics.jsonl")
+    record.log_config(run.model_dump(mode="json"))
     per_step = run.prompt_groups_per_step
     started = time.perf_counter()
     try:
-        with metrics_path.open("a") as metrics_file:
-            while consumed < len(groups) and (run.max_steps is None or trainer.steps_done < run.max_steps):
-                chunk = groups[consumed : consumed + per_step]
-                consumed += len(chunk)
-                position = {"groups_consumed": consumed, "groups_file": str(config.standalone)}
-                result = trainer.train_step(chunk, data_position=position)
-                metrics_file.write(json.dumps({**result.metrics, "step": result.step}) + "\n")
-                metrics_file.flush()
+        while consumed < len(groups) and (run.max_steps is None or trainer.steps_done < run.max_steps):
+            chunk = groups[consumed : consumed + per_step]
+            consumed += len(chunk)
+            position = {"groups_consumed": consumed, "groups_file": str(config.standalone)}
+            result = trainer.train_step(chunk, data_position=position)
+            record.log_metrics(result.step, {**result.metrics, "step": result.step})
+            if result.samples:
+                record.log_samples(result.step, [s.as_row() for s in result.samples])
         ckpt, export = trainer.finish({"groups_consumed": consumed, "groups_file": str(config.standalone)})
     finally:
         trainer.stop_followers()

@@ -152,11 +152,14 @@ def compose_services(
     return out
 
 
-def prometheus_config(path: Path, addresses: dict[str, list[str]], rules_dir: Path, interval: str = "1s") -> str:
+def prometheus_config(
+    path: Path, addresses: dict[str, list[str]], rules_dir: Path, interval: str = "1s", run: str = "fleetrl"
+) -> str:
     """monitoring/prometheus.yml for local processes: service hostnames (static targets, or the A records a
     `dns_sd_configs` entry would resolve) become their loopback addresses; the rule files are read from
-    `rules_dir`; scrapes run every `interval` so a short run is seen."""
-    config = yaml.safe_load(path.read_text())
+    `rules_dir`; scrapes run every `interval` so a short run is seen; the `run` label placeholder becomes `run`,
+    as the compose file's Prometheus entrypoint does with $FLEETRL_RUN (default "fleetrl")."""
+    config = yaml.safe_load(path.read_text().replace("__FLEETRL_RUN__", run))
     config.setdefault("global", {}).update(
         scrape_interval=interval, scrape_timeout=interval, evaluation_interval=interval
     )

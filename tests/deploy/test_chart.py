@@ -86,6 +86,21 @@ def test_default_values_render_valid_manifests(default_manifests):
     assert not [m for m in default_manifests if m["metadata"]["name"].endswith("-reference")]  # kl_beta = 0
 
 
+def test_a_lora_run_renders_no_reference_service():
+    """kl_beta > 0 with lora_rank > 0: the trainer disables its adapter for the reference logprobs, so `auto`
+    deploys no reference service and the trainer is not pointed at one; the LoRA keys reach run.toml."""
+    values = {"run": {"config": {"kl_beta": 0.01, "lora_rank": 8, "lora_alpha": 16, "lora_target_modules": ["q_proj"]}}}
+    manifests = render_chart(values, name="lora")
+    validate_all(manifests)
+    assert not [m for m in manifests if m["metadata"]["name"].endswith("-reference")]
+    trainer = by_kind(manifests, "Deployment")["lora-fleetrl-trainer"]["spec"]["template"]["spec"]
+    assert "--reference" not in trainer["containers"][0]["args"]
+    run_toml = "\n".join(m["data"].get("run.toml", "") for m in manifests if m["kind"] == "ConfigMap")
+    assert "lora_rank = 8" in run_toml and "lora_alpha = 16" in run_toml, run_toml
+    full = render_chart({"run": {"config": {"kl_beta": 0.01}}}, name="full")  # full fine-tuning keeps it
+    assert "full-fleetrl-reference" in by_kind(full, "Deployment")
+
+
 def test_scaled_gpu_values_render_valid_manifests(scaled_manifests):
     kinds = validate_all(scaled_manifests)
     assert "ServiceMonitor" in kinds
@@ -198,9 +213,44 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str):
         for x in (tmp_path / "pvc" / "smoke-fleetrl-controller" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [m["step"] for m in lines] == [1, 2]
-    assert lines[-1]["producer/rows_failed"] == 0 and lines[-1]["ref_kl"] >= 0
+    assert lines[-1]["producer/rows_failed"] == 0 and lines[-1]["train/kl_ref"] >= 0
     final = tmp_path / "pvc" / "smoke-fleetrl-trainer" / "final"
     assert (final / "config.json").exists() and (final / "model.safetensors").exists()
     assert (
         "healthy: SERVING" in (tmp_path / f"{next(p.name for p in pods if 'gateway' in p.role)}.init-0.log").read_text()
     )
+
+
+def test_a_lora_run_starts_inference_serving_adapters_of_its_rank():
+    """lora_rank > 0: every inference replica gets --max-lora-rank <rank>, which the launcher accepts; full
+    fine-tuning passes no such flag (LoRA off)."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    def inference_args(values: dict) -> list[str]:
+        manifests = render_chart(values, name="r")
+        validate_all(manifests)
+        pod = by_kind(manifests, "StatefulSet")["r-fleetrl-inference"]["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        return [str(a) for a in container["args"]]
+
+    args = inference_args({"run": {"config": {"lora_rank": 8}}})
+    assert args[args.index("--max-lora-rank") + 1] == "8"
+    assert config_from_args(build_parser().parse_args(args[2:])).max_lora_rank == 8  # after `serve inference`
+    assert "--max-lora-rank" not in inference_args({})
+
+
+def test_every_series_gets_the_run_label_from_the_pods():
+    """Each pod carries fleetrl.io/run (run.name, else the release name) and the ServiceMonitor turns it into the
+    `run` label the Grafana dashboard's $run variable selects: two releases in one Prometheus stay apart."""
+    for values, expected in (({}, "demo"), ({"run": {"name": "gsm8k-lr3e-6"}}, "gsm8k-lr3e-6")):
+        manifests = render_chart({**values, "serviceMonitor": {"enabled": True}}, name="demo")
+        pods = [m for kind in ("Deployment", "StatefulSet") for m in by_kind(manifests, kind).values()]
+        assert pods
+        for workload in pods:
+            assert workload["spec"]["template"]["metadata"]["labels"]["fleetrl.io/run"] == expected
+            assert "fleetrl.io/run" not in workload["spec"]["selector"]["matchLabels"]  # selectors stay immutable
+        (monitor,) = by_kind(manifests, "ServiceMonitor").values()
+        for endpoint in monitor["spec"]["endpoints"]:
+            relabel = {"sourceLabels": ["__meta_kubernetes_pod_label_fleetrl_io_run"], "targetLabel": "run"}
+            assert relabel in endpoint["relabelings"]
+        validate_all(manifests)

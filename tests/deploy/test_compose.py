@@ -147,7 +147,7 @@ def test_compose_services_train_two_steps(compose_run):
     assert [m["step"] for m in lines] == list(range(1, COMPOSE_STEPS + 1))
     assert all(m["async/version_offset_max"] <= 1 for m in lines)
     assert lines[-1]["producer/rows_failed"] == 0  # gateways waited for the stack: no row was lost at start
-    assert "ref_kl" in lines[-1] and "perf/ref_forward_time" in lines[-1]  # the reference service answered
+    assert "train/kl_ref" in lines[-1] and "perf/ref_forward_time" in lines[-1]  # the reference service answered
     ckpt = compose_run.workdir / "volumes" / "fleetrl-checkpoints"
     assert any(ckpt.glob("step-*")), "no checkpoint in the checkpoints volume"
     assert (compose_run.run_dir / "final" / "config.json").exists()  # the exported model, in the run volume
@@ -170,3 +170,13 @@ def test_compose_services_train_two_steps(compose_run):
     series = 'fleetrl_gateway_rollouts_total{result="ok"}'
     assert sum(scraped_value(text, series) for text in scraped) > 0
     assert TOKEN not in "".join((compose_run.workdir / f"{s.name}.log").read_text() for s in compose_run.services)
+
+
+def test_inference_takes_the_lora_rank_from_the_env():
+    """FLEETRL_MAX_LORA_RANK reaches the replica as --max-lora-rank (0 in .env.example: LoRA off)."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    for env, rank in ((env_example(), 0), (env_example() | {"FLEETRL_MAX_LORA_RANK": "16"}, 16)):
+        command = [str(a) for a in load_compose(COMPOSE_FILE, env)["services"]["inference"]["command"]]
+        assert command[:2] == ["serve", "inference"]
+        assert config_from_args(build_parser().parse_args(command[2:])).max_lora_rank == rank

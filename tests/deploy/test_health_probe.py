@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 
 import pytest
 from grpc_health.v1 import health_pb2
@@ -16,6 +15,7 @@ from fleetrl.rpc import create_grpc_server
 from fleetrl.telemetry import start_metrics_server
 from tests.deploy.from_compose import load_compose
 from tests.deploy.localstack import REPO
+from tests.waiting import async_wait_until
 
 
 async def start_server(token: str | None = "secret"):  # type: ignore[no-untyped-def]
@@ -60,26 +60,32 @@ async def test_if_exists_skips_names_that_do_not_resolve_only(free_port):
     assert not resolves("no-such-service.invalid:1") and resolves("localhost:1")
 
 
-async def test_wait_retries_until_the_server_comes_up(free_port):
-    async def start_later():  # type: ignore[no-untyped-def]
-        await asyncio.sleep(1.5)
-        health = HealthServicer()
-        server, _ = create_grpc_server([], port=free_port, health=health)
-        await server.start()
-        return server
+async def test_wait_retries_until_the_server_comes_up(capsys, free_port):
+    err: list[str] = []
 
-    later = asyncio.create_task(start_later())
-    started = time.monotonic()
-    code = await asyncio.to_thread(main, ["--wait", "20", f"127.0.0.1:{free_port}"])
-    server = await later
-    await server.stop(0)
-    assert code == 0 and time.monotonic() - started >= 1.5
+    def stderr() -> str:
+        err.append(capsys.readouterr().err)
+        return "".join(err)
+
+    probe = asyncio.create_task(asyncio.to_thread(main, ["--wait", "60", f"127.0.0.1:{free_port}"]))
+    # The server starts only after the probe has found it down, so a 0 means the probe retried.
+    await async_wait_until(lambda: "waiting:" in stderr(), 30, "the probe to find the server down")
+    assert not probe.done()
+    server, _ = create_grpc_server([], port=free_port, health=HealthServicer())
+    await server.start()
+    try:
+        assert await asyncio.wait_for(probe, 30) == 0
+    finally:
+        await server.stop(0)
+    assert "healthy: SERVING" in capsys.readouterr().out
 
 
-def test_wait_gives_up_after_its_timeout(free_port):
-    started = time.monotonic()
+@pytest.mark.timeout(60)  # a probe that never gave up would hang here
+def test_wait_gives_up_after_its_timeout(capsys, free_port):
     assert main(["--wait", "2", f"127.0.0.1:{free_port}"]) == 1
-    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert "waiting:" in err  # it retried before giving up
+    assert err.splitlines()[-1].startswith("unhealthy: ") and f"127.0.0.1:{free_port}" in err
 
 
 def test_http_probe_checks_the_metrics_endpoint(free_port):

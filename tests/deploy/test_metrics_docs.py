@@ -73,3 +73,36 @@ def test_every_exported_metric_is_documented_and_every_documented_one_exported(c
     patterns = [n for n in docs if "<" in n]
     for pattern in patterns:  # each pattern row is backed by at least one live metric
         assert any(_pattern(pattern).match(n) for n in live), pattern
+
+
+STEP_KEY_ROW = re.compile(r"^\| `([a-z_]+(?:/[a-z0-9_<>]+)*)` \| (trainer|controller|both|evaluator) \|")
+
+
+def documented_step_keys() -> set[str]:
+    """Every key of the per-step record table in docs/metrics.md (`<...>` parts are name patterns)."""
+    keys = set()
+    for line in DOC.read_text().splitlines():
+        if m := STEP_KEY_ROW.match(line):
+            assert m.group(1) not in keys, f"documented twice: {m.group(1)}"
+            keys.add(m.group(1))
+    return keys
+
+
+def undocumented_step_keys(lines: list[dict]) -> list[str]:
+    """The keys of metrics.jsonl lines that docs/metrics.md's per-step table does not list."""
+    keys = documented_step_keys()
+    patterns = [re.compile("^" + re.sub(r"<[a-z_]+>", "[^/]+", k) + "$") for k in keys if "<" in k]
+    seen = {key for line in lines for key in line}
+    return sorted(k for k in seen if k not in keys and not any(p.match(k) for p in patterns))
+
+
+def test_step_key_rows_parse_and_name_the_shared_metric_names():
+    from fleetrl import metric_names
+
+    keys = documented_step_keys()
+    assert len(keys) > 50 and "env/all/<metric>" in keys
+    shared = {v for k, v in vars(metric_names).items() if k.isupper() and isinstance(v, str)}
+    shared |= set(metric_names.LOSS_METRIC_KEYS.values())
+    assert not sorted(shared - keys), "fleetrl/metric_names.py names a key docs/metrics.md does not list"
+    assert undocumented_step_keys([{"env/all/even_frac": 1.0, "eval/accuracy": 0.5, "train/loss": 0.1}]) == []
+    assert undocumented_step_keys([{"loss": 0.1}]) == ["loss"]

@@ -83,6 +83,48 @@ def test_dashboard_loads_and_covers_the_issue_sections():
     assert len(ids) == len(set(ids))
 
 
+def test_every_dashboard_query_selects_the_run():
+    """A `run` variable, and every series selector of every panel filtered by it: two runs sharing one Prometheus
+    are never merged (the scrape configs set the label: monitoring/prometheus.yml, the chart's ServiceMonitor)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    (run,) = [v for v in dashboard["templating"]["list"] if v["name"] == "run"]
+    assert run["type"] == "query" and "run)" in run["query"]["query"]
+    for expr in exprs(dashboard):
+        selectors = re.findall(r"\bfleetrl_[a-z0-9_]+(\{[^}]*\})?", expr)
+        assert selectors and all('run="$run"' in s for s in selectors), expr
+
+
+def test_learning_curves_come_from_the_controllers_step_counters():
+    """Reward, KL, loss, entropy, grad norm and lr are means over every step of a window, from counters (no short
+    step is lost between scrapes), for metrics the controller sums."""
+    from fleetrl.controller.step_sums import CURVE_KEYS
+
+    dashboard = json.loads(DASHBOARD.read_text())
+    curves = {"Reward", "KL", "Loss, entropy, grad norm", "Learning rate"}
+    panels = [p for p in dashboard["panels"] if p.get("title") in curves]
+    assert len(panels) == len(curves)
+    for panel in panels:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            (key,) = set(re.findall(r'metric="([^"]+)"', expr))
+            assert key in CURVE_KEYS, key
+            assert 'sign="positive"' in expr and 'sign="negative"' in expr
+            assert "rate(fleetrl_controller_step_value_count_total" in expr and "fleetrl_trainer_" not in expr
+
+
+def test_prometheus_gives_every_fleetrl_target_a_run_label():
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    for job in config["scrape_configs"]:
+        if job["job_name"].startswith("fleetrl-"):
+            assert {"target_label": "run", "replacement": "__FLEETRL_RUN__"} in job["relabel_configs"], job
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    command = " ".join(compose["services"]["prometheus"]["command"])
+    assert (
+        "s/__FLEETRL_RUN__/${FLEETRL_RUN:-fleetrl}/" in command
+        and "--config.file=/prometheus/prometheus.yml" in command
+    )
+
+
 def test_dashboard_and_rules_query_only_documented_metrics():
     documented = documented_names()
     queried = {m for e in exprs(json.loads(DASHBOARD.read_text())) for m in METRIC.findall(e)}
@@ -128,6 +170,10 @@ def test_prometheus_scrapes_the_stack_and_answers_queries(compose_run):
     } <= jobs
     loaded = {r["name"] for group in result["rules"] for r in group["rules"]}
     assert "FleetrlNoTrainingStep" in loaded and "FleetrlGatewayCircuitOpen" in loaded
+    # Every fleetrl series carries the run label the scrape config sets (the dashboard's $run).
+    fleetrl_targets = [r for r in result["up"] if r["metric"]["job"].startswith("fleetrl-")]
+    assert fleetrl_targets and {r["metric"].get("run") for r in fleetrl_targets} == {"fleetrl"}
+    assert steps[0]["metric"]["run"] == "fleetrl"
 
 
 def test_dashboard_file_is_the_one_compose_mounts():

@@ -6,9 +6,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from fleetrl import metric_names as mn
 from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.controller.step_sums import StepSums
 from fleetrl.gate import OffPolicyGate
 from fleetrl.services.controller.metrics import ControllerMetrics, rollout_queue_depth
 from fleetrl.services.trainer.launcher import build_parser, config_from_args
@@ -70,6 +72,7 @@ def test_controller_metrics_export_the_new_names():
     class Orchestrator:
         def __init__(self) -> None:
             self.last_metrics = {"async/version_offset_max": 1.0, "perf/train_wait_time": 2.5, "time": 123.0}
+            self.step_sums = StepSums()
 
     registry = CollectorRegistry()
     ControllerMetrics(registry, s, MemberRegistry(), Orchestrator())
@@ -83,3 +86,36 @@ def test_controller_metrics_export_the_new_names():
     assert value["fleetrl_controller_last_step_timestamp_seconds"] == 123.0
     members = {s.labels["kind"]: s.value for s in families["fleetrl_controller_members"].samples}
     assert members == {"gateway": 0, "inference": 0, "trainer": 0}
+
+
+def test_learning_curves_are_counters_that_lose_no_step():
+    # Three steps between two scrapes: a last-value gauge would show only the third; the counters hold all three,
+    # and a negative loss (allowed) never makes a counter go down.
+    from prometheus_client import generate_latest
+
+    class Orchestrator:
+        def __init__(self) -> None:
+            self.last_metrics: dict = {}
+            self.step_sums = StepSums()
+
+    registry = CollectorRegistry()
+    orchestrator = Orchestrator()
+    ControllerMetrics(registry, scheduler(rows=10), MemberRegistry(), orchestrator)
+    for reward, loss in ((0.25, 0.5), (0.5, -1.5), (0.75, 0.25)):
+        orchestrator.step_sums.add({mn.RAW_REWARD: reward, mn.LOSS: loss, mn.ENTROPY: float("nan")})
+    families = {f.name: f for f in text_string_to_metric_families(generate_latest(registry).decode())}
+    assert families["fleetrl_controller_steps"].samples[0].value == 3
+    count = {s.labels["metric"]: s.value for s in families["fleetrl_controller_step_value_count"].samples}
+    assert count == {mn.RAW_REWARD: 3, mn.LOSS: 3}  # a NaN is not a figure
+    total = {
+        (s.labels["metric"], s.labels["sign"]): s.value
+        for s in families["fleetrl_controller_step_value_sum"].samples
+        if s.name.endswith("_total")
+    }
+    assert total == {
+        (mn.RAW_REWARD, "positive"): 1.5,
+        (mn.RAW_REWARD, "negative"): 0.0,
+        (mn.LOSS, "positive"): 0.75,
+        (mn.LOSS, "negative"): 1.5,
+    }
+    assert orchestrator.step_sums.mean(mn.LOSS) == (0.75 - 1.5) / 3  # what the dashboard's ratio of rates gives

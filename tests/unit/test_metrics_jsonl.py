@@ -36,5 +36,5 @@ def test_cut_of_a_missing_record_and_empty_steps(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert cut_to_version(path, 3) == 0 and not path.exists()
     assert steps_without_update(path, 3) == 0
-    write(path, [{"step": 1, "empty_step": 1.0}, {"step": 2, "loss": 1.0}, {"step": 3, "empty_step": 1.0}])
+    write(path, [{"step": 1, "train/empty_step": 1.0}, {"step": 2, "loss": 1.0}, {"step": 3, "train/empty_step": 1.0}])
     assert steps_without_update(path, 2) == 1 and steps_without_update(path, 3) == 2

@@ -103,18 +103,20 @@ def test_set_without_equals_raises_config_error():
 
 
 @pytest.mark.parametrize(
-    ("sets", "fields", "match"),
+    ("sets", "fields", "match", "source"),
     [
-        (["completions_per_prompt=1"], {}, "completions_per_prompt must be >= 2"),
-        (["no_such_field=1"], {}, "no_such_field: Extra inputs are not permitted"),
-        ([], {"max_seq_len": 1}, "max_seq_len"),
+        (["completions_per_prompt=1"], {}, "completions_per_prompt must be >= 2", "train.py"),
+        (["no_such_field=1"], {}, "no_such_field: unknown field", "--set"),
+        (["max_step=3"], {}, "max_step: unknown field, did you mean max_steps[?]", "--set"),
+        ([], {"max_seq_len": 1}, "max_seq_len", "train.py"),
     ],
 )
-def test_invalid_config_raises_config_error_from_train_py(sets, fields, match):
+def test_invalid_config_raises_config_error_blaming_its_source(sets, fields, match, source):
+    # A bad --set is the flag's fault, not train.py's.
     argv = ["--model", "m"] + [arg for s in sets for arg in ("--set", s)]
     with pytest.raises(ConfigError, match=match) as exc:
         recipe_config(parser().parse_args(argv), DEFAULTS, **fields)
-    assert str(exc.value).startswith("train.py: invalid config")
+    assert str(exc.value).startswith(f"{source}: invalid config")
 
 
 def test_defaults_are_not_modified():

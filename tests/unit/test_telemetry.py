@@ -58,8 +58,9 @@ async def test_linger_keeps_the_final_values_scrapeable_until_stopped() -> None:
     Counter("final_steps", "steps", registry=server.registry).inc(3)
     stop = asyncio.Event()
     lingering = asyncio.create_task(linger_then_close(server, 60.0, stop))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0)  # one loop turn: the task runs until it parks on `stop` (no time passes)
     assert "final_steps_total 3.0" in await asyncio.to_thread(_scrape, server.url)  # the run is over, still served
+    assert not lingering.done()
     stop.set()  # SIGTERM: no need to wait out the linger
     await asyncio.wait_for(lingering, timeout=5)
     with pytest.raises(urllib.error.URLError):

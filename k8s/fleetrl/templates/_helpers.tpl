@@ -26,7 +26,14 @@
 helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
 app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
 app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+fleetrl.io/run: {{ include "fleetrl.runName" .ctx | quote }}
 {{ include "fleetrl.selectorLabels" . }}
+{{- end -}}
+
+{{/* The run's name: the `run` label of every series (the ServiceMonitor copies the pods' fleetrl.io/run label),
+     which the Grafana dashboard's $run variable selects. run.name, else the release name. */}}
+{{- define "fleetrl.runName" -}}
+{{- default .Release.Name .Values.run.name | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "fleetrl.selectorLabels" -}}
@@ -50,13 +57,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* "true" when the reference service runs: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
-     0.001 when run.config has no kl_beta). */}}
+     0.001 when run.config has no kl_beta) and full fine-tuning: a LoRA run (lora_rank > 0) takes its reference
+     logprobs from the base weights with the adapter disabled, in the trainer. */}}
 {{- define "fleetrl.referenceEnabled" -}}
 {{- $enabled := .Values.reference.enabled -}}
 {{- if eq (toString $enabled) "auto" -}}
 {{- $kl := 0.001 -}}
 {{- if hasKey .Values.run.config "kl_beta" -}}{{- $kl = .Values.run.config.kl_beta -}}{{- end -}}
-{{- if gt (float64 $kl) 0.0 -}}true{{- end -}}
+{{- $lora := 0 -}}
+{{- if hasKey .Values.run.config "lora_rank" -}}{{- $lora = .Values.run.config.lora_rank -}}{{- end -}}
+{{- if and (gt (float64 $kl) 0.0) (eq (int $lora) 0) -}}true{{- end -}}
 {{- else if $enabled -}}true{{- end -}}
 {{- end -}}
 

@@ -44,7 +44,7 @@ def test_main_job_learns(tmp_path):
     )
     assert up.returncode == 0, up.stderr[-3000:]
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "reward/mean" in m]
+    steps = [m for m in lines if "rollout/raw_reward" in m]
     evals = [m for m in lines if "eval/accuracy" in m]
     assert [m["step"] for m in steps] == list(range(1, 101))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
@@ -56,8 +56,8 @@ def test_main_job_learns(tmp_path):
     first, last = evals[0], evals[-1]
     assert last["eval/sampled_accuracy"] >= first["eval/sampled_accuracy"] + 0.15, (first, last)
     assert last["eval/accuracy"] >= first["eval/accuracy"] + 0.15, (first, last)
-    train_start = sum(m["reward/mean"] for m in steps[:10]) / 10
-    train_end = sum(m["reward/mean"] for m in steps[-10:]) / 10
+    train_start = sum(m["rollout/raw_reward"] for m in steps[:10]) / 10
+    train_end = sum(m["rollout/raw_reward"] for m in steps[-10:]) / 10
     assert train_end >= train_start + 0.1, (train_start, train_end)
     plot = subprocess.run([sys.executable, "-m", "fleetrl.cli", "plot", str(run_dir)], cwd=REPO, capture_output=True)
     assert plot.returncode == 0 and (run_dir / "curves.png").stat().st_size > 10_000

@@ -29,6 +29,8 @@ CASES = {
         (0.0, 1.0),
     ),
     "tool_use": (["--num-rows", "16", "--tool-latency", "0.05"], "env/all/tool_error_frac", (0.0, 1.0)),
+    # A Tinker env through fleetrl.tinker: its logging tag files the metrics under env/addition/.
+    "tinker_env": (["--num-batches", "4"], "env/addition/reward/total", (0.0, 1.1)),
 }
 
 

@@ -29,6 +29,17 @@ LOGPROB_TOL = 1e-3
 PROMPTS = [[11, 12, 13, 14, 15], [40, 41], [100, 7, 250, 3, 8, 9, 10, 300, 301], [5]]
 
 
+async def wait_generating(engine: InferenceEngine, task: asyncio.Task, timeout_s: float = 120) -> None:
+    """Return once the engine has produced tokens for the request `task` runs (a progress condition, not a
+    sleep): the request is in the engine (`queue_depth`), then a short request run beside it finishes. Both
+    engines batch continuously, so every step that decodes the short request also decodes the long one."""
+    async with asyncio.timeout(timeout_s):
+        while engine.queue_depth() == 0:
+            assert not task.done(), "the request finished (or failed) before it was seen in the engine"
+            await asyncio.sleep(0.01)
+        await engine.generate(SamplingRequest([5], max_tokens=4, ignore_eos=True, seed=0))
+
+
 def load_reference(model_dir: str, state_dict: dict[str, torch.Tensor] | None = None):
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     if state_dict is not None:
@@ -272,7 +283,7 @@ async def check_swap_mid_generation(engine: InferenceEngine, model_dir: str) -> 
         publisher.publish(old + 1, new_state)
         long = SamplingRequest(PROMPTS[0], max_tokens=700, ignore_eos=True, seed=2)
         task = asyncio.create_task(engine.generate(long))
-        await asyncio.sleep(0.3)
+        await wait_generating(engine, task)
         assert not task.done(), "the completion finished before the swap; make it longer"
         result = await engine.load_weights(old + 1, publisher.address, timeout_s=60)
         (completion,) = await asyncio.wait_for(task, 120)

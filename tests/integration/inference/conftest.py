@@ -17,20 +17,30 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 
+VLLM_MAX_LORA_RANK = 16
 VLLM_TEST_MARKS = [
     pytest.mark.integration,
     pytest.mark.vllm,
+    pytest.mark.slow,  # each test is quick, but the shared engine takes ~25 s to start and 5 s to stop
     pytest.mark.asyncio(loop_scope="session"),
 ]
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
 async def vllm_engine(tiny_model_dir: str) -> AsyncIterator[object]:
-    """A started VLLMEngine serving the session's tiny model (float32, 1 GiB KV cache, eager)."""
+    """A started VLLMEngine serving the session's tiny model (float32, 1 GiB KV cache, eager), LoRA enabled
+    (rank <= VLLM_MAX_LORA_RANK) so that the LoRA tests share it; requests without an adapter run on the base."""
     pytest.importorskip("vllm")
     from fleetrl.services.inference.vllm_engine import VLLMEngine
 
-    engine = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=1024, kv_cache_gib=1.0, seed=0)
+    engine = VLLMEngine(
+        tiny_model_dir,
+        dtype="float32",
+        max_model_len=1024,
+        kv_cache_gib=1.0,
+        seed=0,
+        max_lora_rank=VLLM_MAX_LORA_RANK,
+    )
     await engine.start()
     try:
         yield engine

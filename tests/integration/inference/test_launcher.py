@@ -21,7 +21,7 @@ from fleetrl.rpc import open_channel
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 from fleetrl.weights import WeightPublisher
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a `fleetrl serve inference` process
 UP = re.compile(r"inference server up: .* grpc 127\.0\.0\.1:(\d+), http (\d+), metrics (\d+)")
 
 

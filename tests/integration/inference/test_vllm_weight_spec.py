@@ -68,3 +68,12 @@ def test_check_manifest_accepts_the_model_and_names_each_problem(tiny_model_dir)
     for word, bad in cases.items():
         with pytest.raises(WeightLoadError, match=word):
             check_manifest(build_manifest(3, bad), 3, spec)
+
+
+def test_check_manifest_refuses_an_adapter_naming_the_flag(tiny_model_dir):
+    """With LoRA off the worker gets every version; an adapter is refused with the way to serve it."""
+    spec = expected_weight_spec(AutoConfig.from_pretrained(tiny_model_dir), "float32")
+    adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.zeros(4, 64)}
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}
+    with pytest.raises(WeightLoadError, match=r"is a LoRA adapter .* --max-lora-rank"):
+        check_manifest(build_manifest(3, adapter, adapter=config), 3, spec)

@@ -25,6 +25,7 @@ from fleetrl.services.inference.engine import SamplingRequest, WeightLoadError
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import conformance
 from tests.integration.inference.conftest import VLLM_TEST_MARKS
+from tests.waiting import async_wait_until
 
 pytestmark = VLLM_TEST_MARKS
 
@@ -55,7 +56,7 @@ async def test_tokens_spanning_a_swap_are_exact_for_their_version(vllm_engine, t
         publisher.publish(old + 1, new_state)
         task = asyncio.create_task(vllm_engine.generate(request))
         try:
-            await asyncio.sleep(0.3)
+            await conformance.wait_generating(vllm_engine, task)
             assert not task.done(), "the completions finished before the swap; make them longer"
             await vllm_engine.load_weights(old + 1, publisher.address, timeout_s=60)
             completions = await asyncio.wait_for(task, 120)
@@ -83,7 +84,7 @@ async def test_generation_continues_while_weights_stage(vllm_engine, tiny_model_
     with _SlowPublisher(chunk_bytes=64 << 10) as publisher:
         publisher.publish(version, original)
         load = asyncio.create_task(vllm_engine.load_weights(version, publisher.address, timeout_s=60))
-        await asyncio.sleep(0.2)
+        await async_wait_until(lambda: publisher.snapshot_counts().get("requests"), 30, "the fetch to start")
         served = 0
         while not load.done():
             (c,) = await vllm_engine.generate(SamplingRequest([40, 41], max_tokens=16, seed=served))
@@ -93,9 +94,10 @@ async def test_generation_continues_while_weights_stage(vllm_engine, tiny_model_
                 break
         assert not load.done(), "the transfer was too quick to overlap generation"
         result = await load
+    # Staging overlapped generation: three requests were served on the old version while the load ran (a
+    # pause_s < transfer_s check would be a race with the machine's load, so none).
     assert served >= 3
-    assert result.transfer_s > 1.0
-    assert result.pause_s < result.transfer_s
+    assert result.transfer_s > 1.0  # one-sided: the slow publisher alone takes that long
     assert vllm_engine.loaded_version == version
 
 
@@ -108,7 +110,8 @@ async def test_incomplete_transfer_and_stale_version_are_rejected(vllm_engine, t
     publisher = _SlowPublisher(chunk_bytes=32 << 10)
     publisher.publish(version + 1, conformance._perturbed(original, seed=5))
     load = asyncio.create_task(vllm_engine.load_weights(version + 1, publisher.address, timeout_s=3))
-    await asyncio.sleep(0.5)
+    # The manifest and a first chunk are served: the fetch is under way.
+    await async_wait_until(lambda: publisher.snapshot_counts().get("requests", 0) >= 2, 30, "the fetch to start")
     await asyncio.to_thread(publisher.close)  # the publisher disappears mid-transfer
     with pytest.raises(WeightLoadError, match=f"version {version + 1}"):
         await asyncio.wait_for(load, 30)

@@ -55,7 +55,8 @@ def test_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
     single = PolicyTrainer(cfg, micro_batch_size=2)
     single_metrics = [single.train_step(groups[:2]).metrics, single.train_step(groups[2:]).metrics]
     for ours, theirs in zip(single_metrics, fsdp_metrics, strict=True):
-        for key in ("loss", "grad_norm", "entropy", "clip_frac", "ppo_kl", "kl_sample_train_v1"):
+        keys = ("train/loss", "optim/grad_norm", "optim/entropy", "train/clip_frac", "optim/ppo_kl")
+        for key in (*keys, "optim/kl_sample_train_v1"):
             assert theirs[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
 
     exported = load_file(tmp_path / "fsdp_export" / "model.safetensors")
@@ -69,3 +70,80 @@ def test_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
     assert resumed.resume() and resumed.version == 2 and resumed.state.data_position == {"cursor": 4}
     for name, value in resumed.model.state_dict().items():
         torch.testing.assert_close(value, exported[name], atol=0, rtol=0, msg=name)
+
+
+LORA_SETTINGS = {**SETTINGS, "lora_rank": 4, "kl_beta": 0.1, "learning_rate": 1e-2}
+
+
+def _lora_worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
+    from safetensors.torch import save_file
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    ctx = DistContext.from_env(device="cpu", timeout_s=120)
+    published: list[tuple[int, dict, dict]] = []
+    cfg = make_cfg(model_dir, f"{workdir}/fsdp", **LORA_SETTINGS)
+    trainer = PolicyTrainer(
+        cfg, dist_ctx=ctx, micro_batch_size=2, weight_sink=lambda v, sd, **kw: published.append((v, dict(sd), kw))
+    )
+    try:
+        if rank == 0:
+            groups = list(read_groups_jsonl(f"{workdir}/groups.jsonl"))
+            results = [trainer.train_step(groups[:2]), trainer.train_step(groups[2:])]
+            trainer.export_hf(f"{workdir}/fsdp_export")
+            trainer.save_checkpoint({"cursor": 4})
+            trainer.stop_followers()
+            version, tensors, kwargs = published[-1]
+            save_file(tensors, f"{workdir}/fsdp_published.safetensors")
+            with open(f"{workdir}/fsdp_metrics.json", "w") as f:
+                json.dump({"metrics": [r.metrics for r in results], "version": version, **kwargs}, f)
+        else:
+            trainer.follow()
+            assert not published  # only rank 0 hands weights to the sink
+    finally:
+        destroy(ctx)
+
+
+def test_lora_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
+    """LoRA under FSDP2: the same losses (with the adapter-disabled reference computed across ranks), the same
+    published adapter tensors and export, and a checkpoint of the adapter that 1 rank resumes."""
+    from fleetrl import metric_names as mn
+
+    groups = tiny_groups(tiny_model_dir, num_groups=4)
+    groups[0].samples.pop()
+    write_groups_jsonl(tmp_path / "groups.jsonl", groups)
+    mp.spawn(_lora_worker, args=(2, free_port, tiny_model_dir, str(tmp_path)), nprocs=2, join=True)
+    fsdp = json.loads((tmp_path / "fsdp_metrics.json").read_text())
+
+    published: list = []
+    single = PolicyTrainer(
+        make_cfg(tiny_model_dir, tmp_path / "single", **LORA_SETTINGS),
+        micro_batch_size=2,
+        weight_sink=lambda v, sd, **kw: published.append((v, {k: t.clone() for k, t in sd.items()}, kw)),
+    )
+    single_metrics = [single.train_step(groups[:2]).metrics, single.train_step(groups[2:]).metrics]
+    assert single_metrics[1][mn.KL_REFERENCE] > 0
+    for ours, theirs in zip(single_metrics, fsdp["metrics"], strict=True):
+        for key in (mn.LOSS, mn.GRAD_NORM, mn.ENTROPY, mn.KL_REFERENCE, mn.KL_SAMPLE_TRAIN):
+            assert theirs[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
+
+    version, tensors, kwargs = published[-1]
+    assert fsdp["version"] == version == 2 and fsdp["adapter"] == kwargs["adapter"]
+    fsdp_tensors = load_file(tmp_path / "fsdp_published.safetensors")
+    assert set(fsdp_tensors) == set(tensors) and all("lora_" in name for name in tensors)
+    for name, value in tensors.items():
+        torch.testing.assert_close(fsdp_tensors[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+    exported = load_file(tmp_path / "fsdp_export" / "adapter_model.safetensors")
+    assert json.loads((tmp_path / "fsdp_export" / "adapter_config.json").read_text())["r"] == 4
+    for name, value in tensors.items():
+        torch.testing.assert_close(exported[name], value, atol=2e-5, rtol=1e-4, msg=name)
+
+    resumed = PolicyTrainer(make_cfg(tiny_model_dir, tmp_path / "fsdp", **LORA_SETTINGS))
+    assert resumed.resume() and resumed.version == 2 and resumed.state.data_position == {"cursor": 4}
+    resumed_params = {n: p for n, p in resumed.model.named_parameters() if p.requires_grad}
+    for name in tensors:
+        param = resumed_params[name.replace(".weight", ".default.weight")]
+        torch.testing.assert_close(param.detach(), exported[name], atol=0, rtol=0, msg=name)

@@ -92,9 +92,9 @@ def test_trainer_kl_against_the_reference_service_is_zero_at_step_one(reference,
     trainer = PolicyTrainer(cfg, ref_logprobs_fn=ref_fn)
     result = trainer.train_step(tiny_groups(tiny_model_dir, num_groups=2, temperature=0.9))
     trainer.close()
-    assert result.metrics["ref_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert result.metrics["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)
     assert result.metrics["perf/ref_forward_time"] > 0
     second = PolicyTrainer(cfg, ref_logprobs_fn=ref_fn)
     second.train_step(tiny_groups(tiny_model_dir, num_groups=2, temperature=0.9))
     moved = second.train_step(tiny_groups(tiny_model_dir, num_groups=2, seed=5, first_row_id=10))
-    assert moved.metrics["ref_kl"] > 1e-6  # after an update the policy has left the reference
+    assert moved.metrics["train/kl_ref"] > 1e-6  # after an update the policy has left the reference

@@ -50,7 +50,7 @@ def test_resume_continues_exactly_like_a_straight_run(tiny_model_dir, tmp_path):
     write_groups_jsonl(groups, tiny_groups(tiny_model_dir, num_groups=10))
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _train(toml, groups, straight, "--set", "max_steps=5")
+    _train(toml, groups, straight, "--set", "max_steps=5", "--set", "log_samples_interval=2")
     _train(toml, groups, resumed, "--set", "max_steps=3")  # the process ends here; only the checkpoint remains
     assert (resumed / "checkpoints" / "latest").read_text().strip() == "step-00000003"
     _train(toml, groups, resumed, "--set", "max_steps=5", "--resume")
@@ -58,8 +58,8 @@ def test_resume_continues_exactly_like_a_straight_run(tiny_model_dir, tmp_path):
     steps_straight, steps_resumed = _steps(straight), _steps(resumed)
     assert [s["step"] for s in steps_resumed] == [1, 2, 3, 4, 5]  # the second process began at step 4
     for a, b in zip(steps_straight, steps_resumed, strict=True):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
-        assert a["lr"] == pytest.approx(b["lr"], rel=1e-9)
+        assert a["train/loss"] == pytest.approx(b["train/loss"], rel=1e-5, abs=1e-7)
+        assert a["optim/lr"] == pytest.approx(b["optim/lr"], rel=1e-9)
     weights_a = load_file(straight / "final" / "model.safetensors")
     weights_b = load_file(resumed / "final" / "model.safetensors")
     assert weights_a.keys() == weights_b.keys()
@@ -67,5 +67,9 @@ def test_resume_continues_exactly_like_a_straight_run(tiny_model_dir, tmp_path):
         torch.testing.assert_close(weights_b[name], value, atol=1e-6, rtol=1e-5, msg=name)
     base = load_file(f"{tiny_model_dir}/model.safetensors")
     assert not torch.equal(base["lm_head.weight"], weights_a["lm_head.weight"])
+    # The run folder's record as under a controller: the config and, every 2 steps, decoded samples.
+    assert json.loads((straight / "config.json").read_text())["log_samples_interval"] == 2
+    samples = [json.loads(line) for line in (straight / "samples.jsonl").read_text().splitlines()]
+    assert sorted({s["step"] for s in samples}) == [2, 4] and all(s["completion"] for s in samples)
     state = json.loads((resumed / "checkpoints" / "step-00000005" / "trainer_state.json").read_text())
     assert state["data_position"]["groups_consumed"] == 10 and len(state["trained_row_ids"]) == 10

@@ -90,7 +90,7 @@ def test_groups_in_steps_trained_weights_out(trainer, tiny_model_dir):
     assert (first.step, first.version, first.published) == (1, 1, True)
     assert first.weights_address == trainer["weights_address"] and first.metrics["data/samples"] == 8
     retry = asyncio.run(_train(grpc_address, 1, [0, 1]))
-    assert retry.already_trained and retry.metrics["loss"] == first.metrics["loss"]
+    assert retry.already_trained and retry.metrics["train/loss"] == first.metrics["train/loss"]
 
     # Row 99 is not sent yet: the step fails naming it and nothing is lost; then it arrives late.
     with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -121,7 +121,8 @@ def test_groups_in_steps_trained_weights_out(trainer, tiny_model_dir):
         "fleetrl_trainer_steps_total 2.0",
     ):
         assert line in metrics, line
-    for name in ("loss", "grad_norm", "entropy", "clip_frac", "perf_fwd_bwd_time", "perf_weight_publish_time"):
+    names = ("train_loss", "optim_grad_norm", "optim_entropy", "train_clip_frac", "perf_fwd_bwd_time")
+    for name in (*names, "perf_weight_publish_time"):
         assert f"\nfleetrl_trainer_{name} " in metrics, name
 
     async def health() -> str:

@@ -52,7 +52,7 @@ def run_to_the_end(tmp_path: Path, model_dir: str) -> Path:
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = read_metrics(tmp_path / "run")
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    assert all(m["grad_norm"] > 0 and m["data/groups_skipped"] == 0 for m in metrics)  # every step updates
+    assert all(m["optim/grad_norm"] > 0 and m["data/groups_skipped"] == 0 for m in metrics)  # every step updates
     return tmp_path / "run"
 
 

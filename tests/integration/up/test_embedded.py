@@ -25,7 +25,7 @@ from tests.integration.up.rollouts import make_rollout_fn
 if __name__ == "__main__":
     cfg = Config(**json.loads(sys.argv[1]))
     rows = [{"prompt": f"count {i} to {i + 3}:"} for i in range(int(sys.argv[2]))]
-    sys.exit(main(cfg, rollout_fn_factory=make_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240))
+    sys.exit(main(cfg, rollout_fn_factory=make_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240)["exit_code"])
 """
 
 
@@ -67,7 +67,7 @@ from tests.integration.up.rollouts import make_slow_rollout_fn
 if __name__ == "__main__":
     cfg = Config(**json.loads(sys.argv[1]))
     rows = [{"prompt": f"count {i} to {i + 3}:"} for i in range(40)]
-    sys.exit(main(cfg, rollout_fn_factory=make_slow_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240))
+    sys.exit(main(cfg, rollout_fn_factory=make_slow_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240)["exit_code"])
 """
 
 

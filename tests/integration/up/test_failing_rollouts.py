@@ -24,7 +24,7 @@ def test_a_share_of_failing_rollouts_does_not_stop_the_run(up_run, share):
     }
     result, run_dir = up_run(run, FLAKY, n_rows=64)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
-    steps = [m for m in read_metrics(run_dir) if "loss" in m]
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
     assert [m["step"] for m in steps] == [1, 2]
     assert steps[-1]["producer/samples_dropped_error"] > 0  # the failures were dropped and counted
 

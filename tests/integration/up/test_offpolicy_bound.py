@@ -35,7 +35,7 @@ def test_no_stale_or_superseded_group_is_trained(up_run, tmp_path, max_offpolicy
     up = {"rollout": "tests.integration.up.rollouts:make_first_attempt_stale_rollout_fn", "gateways": 3}
     result, run_dir = up_run(run, up, n_rows=40)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
-    steps = [m for m in read_metrics(run_dir) if "loss" in m]
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
     assert [m["step"] for m in steps] == [1, 2, 3, 4, 5, 6]
     ledger = Journal(run_dir / "controller.sqlite").rows()
     requeued_stale = steps[-1]["producer/rows_requeued_stale"]
@@ -82,6 +82,6 @@ def test_no_row_is_leased_before_a_resumed_version_is_on_the_replicas(tmp_path, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     sampled_from = [int(line) for line in version_log.read_text().split()]
     assert sampled_from and min(sampled_from) >= resumed_at, sorted(set(sampled_from))
-    steps = [m for m in read_metrics(run_dir) if "loss" in m and m["step"] > resumed_at]
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m and m["step"] > resumed_at]
     assert steps and all(m["async/version_offset_max"] <= 1 for m in steps)
     assert steps[-1]["producer/rows_requeued_stale"] == 0

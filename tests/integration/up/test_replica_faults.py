@@ -69,7 +69,7 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
-    steps = [m for m in read_metrics(run_dir) if "loss" in m]
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 41))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
     # Calls stuck on the stopped replica moved to the other as soon as it was fenced (the unit test of the sampler,
@@ -139,7 +139,7 @@ def test_a_killed_replica_is_restarted_rejoins_and_no_row_is_lost_or_trained_twi
     restarted_log = (run_dir / "inference-0-r1.log").read_text()
     assert "registered with the controller as inference inference-0" in restarted_log
     assert "loaded weights version" in restarted_log
-    steps = [m for m in read_metrics(run_dir) if "loss" in m]
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 11))
     check_ledger(run_dir, steps=10, groups_per_step=2)  # every row trained exactly once
 
@@ -159,7 +159,7 @@ def test_with_its_only_replica_killed_the_run_waits_for_the_restart_and_loses_no
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "starting inference-0-r1 (rejoins as inference-0)" in err
-    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == list(range(1, 9))
+    assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == list(range(1, 9))
     check_ledger(run_dir, steps=8, groups_per_step=2)
     gateway_log = (run_dir / "gateway-0.log").read_text()
     # Calls waited for the restarted replica: no rollout failed, so no breaker count and no rejected row.
@@ -208,4 +208,4 @@ def test_a_replica_started_by_hand_joins_a_running_run_and_takes_traffic(tmp_pat
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert "registered with the controller as inference inference-extra" in (tmp_path / "extra.log").read_text()
-    assert [m["step"] for m in read_metrics(run_dir) if "loss" in m] == list(range(1, 13))
+    assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == list(range(1, 13))

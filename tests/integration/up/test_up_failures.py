@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +18,14 @@ from fleetrl.group_stream import GroupSender
 from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
 from fleetrl.up.status import fetch_status
-from tests.integration.up.conftest import read_metrics, service_pids, start_fleetrl_up, wait_for_steps, write_run
+from tests.integration.up.conftest import (
+    REPO,
+    read_metrics,
+    service_pids,
+    start_fleetrl_up,
+    wait_for_steps,
+    write_run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -108,6 +116,21 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
         )
         assert status.returncode == 0, status.stderr
         assert "trained steps" in status.stdout and "trainer" in status.stdout and "gateway" in status.stdout
+        assert "trainer version " in status.stdout  # asked of the trainer itself
+        # With no argument, from the run's folder: found from its ready files; --json keeps numbers as numbers.
+        here = subprocess.run(
+            [sys.executable, "-m", "fleetrl.cli", "status", "--json"],
+            cwd=run_dir,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert here.returncode == 0, here.stderr
+        reply = json.loads(here.stdout)
+        assert isinstance(reply["trained_steps"], int) and reply["trained_steps"] >= 1
+        assert isinstance(reply["trainer"]["version"], int) and reply["trainer"]["version"] >= 1
+        assert reply["trainer"]["steps_done"] >= reply["trained_steps"] and reply["log_path"] == str(run_dir)
         refused = subprocess.run(
             [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
         )

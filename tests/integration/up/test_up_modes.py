@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleetrl import metric_names as mn
 from fleetrl.controller.journal import Journal
 from tests.integration.up.conftest import fleetrl_up, read_metrics, write_run
 
@@ -38,10 +39,29 @@ def test_up_trains_within_the_offpolicy_bound(up_run, mode, run, bound):
     assert [m["version"] for m in metrics] == [1, 2, 3]
     for m in metrics:
         assert m["async/version_offset_max"] <= bound
-        assert 0.0 <= m["reward/mean"] <= 1.0
-        assert "env/all/even_frac" in m and "perf/step_time" in m and "loss" in m
+        assert 0.0 <= m["rollout/raw_reward"] <= 1.0
+        assert "env/all/even_frac" in m and "perf/step_time" in m and "train/loss" in m
     check_ledger(run_dir, steps=3, groups_per_step=2)
     assert (run_dir / "final" / "config.json").exists()  # the promoted model, exported by the trainer
+    check_console(result.stdout, metrics, run_dir)
+
+
+def check_console(stdout: str, metrics: list[dict], run_dir) -> None:
+    """stdout is no terminal here: the services table (each service, its address and log), then one plain line
+    per step with the numbers users watch, read from the step's metrics.jsonl line."""
+    lines = stdout.splitlines()
+    assert "fleetrl up: services" in stdout
+    table = [line for line in lines if "│" in line]  # the table's rows (rich draws it, plain text off a terminal)
+    for name in ("inference-0", "trainer", "controller", "gateway-0"):
+        (row,) = [line for line in table if f" {name} " in line]
+        assert str(run_dir / f"{name}.log") in row
+        assert ("127.0.0.1:" in row) is (name != "gateway-0")  # gateways listen nowhere: they only call out
+    step_lines = [line for line in lines if line.startswith("step ")]
+    assert [line.split()[1] for line in step_lines] == ["1/3", "2/3", "3/3"]
+    for line, m in zip(step_lines, metrics, strict=True):
+        assert line.split()[2] == f"v{m[mn.VERSION]}"
+        assert f"reward {m[mn.RAW_REWARD]:.3f}" in line and f"loss {m[mn.LOSS]:.4g}" in line
+        assert f"entropy {m[mn.ENTROPY]:.3f}" in line and " samples/s " in line and " eta " in line
 
 
 @pytest.mark.vllm

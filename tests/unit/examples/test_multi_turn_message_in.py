@@ -8,6 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from fleetrl import RolloutSetup
+from fleetrl.rollout import rollout_result_samples
 from tests.unit.examples.helpers import ScriptedSampler, generated_spans, load_example_module
 
 trajectory = load_example_module("multi_turn_message_in", "trajectory")
@@ -48,7 +49,9 @@ def turn(tokenizer, text: str) -> list[int]:
 def run_rollout(tokenizer, replies, row=ROW, **extras):
     sampler = ScriptedSampler(tokenizer, replies)
     setup = RolloutSetup(tokenizer=tokenizer, sampler=sampler, sample_kwargs={"max_tokens": 8}, extras=extras)
-    sample = asyncio.run(rollout.make_rollout_fn(setup)(row))
+    result = asyncio.run(rollout.make_rollout_fn(setup)(row))
+    # A RolloutRun whose segments (one per model call) extend each other: one sample.
+    (sample,) = rollout_result_samples(result) or (None,)
     return sample, sampler
 
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from fleetrl import RolloutSetup
+from fleetrl.rollout import rollout_result_samples
 from tests.unit.examples.helpers import ScriptedSampler, load_example_module
 
 rollout = load_example_module("single_turn_token_in", "rollout")
@@ -27,7 +28,7 @@ def test_one_token_in_token_out_call_scored(tokenizer):
     sampler = ScriptedSampler(tokenizer, [[*answer_tokens, tokenizer.eos_token_id]])
     kwargs = {"max_tokens": 8, "temperature": 1.0}
     setup = RolloutSetup(tokenizer=tokenizer, sampler=sampler, sample_kwargs=kwargs)
-    sample = asyncio.run(rollout.make_rollout_fn(setup)(row))
+    (sample,) = rollout_result_samples(asyncio.run(rollout.make_rollout_fn(setup)(row)))  # a RolloutRun of one
     assert sampler.prompts == [row["prompt_tokens"]] and sampler.kwargs == [kwargs]
     n = len(row["prompt_tokens"])
     assert sample.tokens == row["prompt_tokens"] + sampler.generated[0]

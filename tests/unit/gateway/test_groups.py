@@ -1,5 +1,7 @@
-from fleetrl.gateway.groups import assemble_group, drop_uniform_rewards
-from fleetrl.rollout import RolloutSample
+import pytest
+
+from fleetrl.gateway.groups import PromptGroup, assemble_group, drop_uniform_rewards
+from fleetrl.rollout import RolloutReturnTypeError, RolloutRun, RolloutSample, RolloutSegment
 
 
 def s(reward, versions=None, mask=(0, 1, 1)):
@@ -7,10 +9,36 @@ def s(reward, versions=None, mask=(0, 1, 1)):
 
 
 def test_drops_none_errors_and_invalid_and_counts_them():
-    results = [s(1.0), None, ValueError("boom"), s(0.0, mask=(0, 0, 0)), "text", s(0.5)]
+    results = [s(1.0), None, ValueError("boom"), s(0.0, mask=(0, 0, 0)), s(0.5)]
     g = assemble_group(3, 1, results)
     assert g.accepted and len(g.group.samples) == 2
-    assert g.dropped == {"none": 1, "error": 1, "invalid": 2}
+    assert g.dropped == {"none": 1, "error": 1, "invalid": 1}
+
+
+def test_an_unknown_return_type_stops_with_the_type_named():
+    with pytest.raises(RolloutReturnTypeError, match=r"returned builtins\.dict; it must return a RolloutSample"):
+        assemble_group(3, 1, [s(1.0), {"tokens": [1, 2]}])
+
+
+def test_a_rollout_run_becomes_its_samples_and_a_bad_segment_is_dropped_as_invalid():
+    run = RolloutRun([RolloutSegment([1, 2], [0.0, -0.1], [0, 1]), RolloutSegment([7, 8], [0.0, -0.3], [0, 1])], 0.5)
+    g = assemble_group(3, 1, [run, s(1.0), RolloutRun([], 1.0)])
+    assert [x.tokens for x in g.group.samples] == [[1, 2], [7, 8], [1, 2, 3]]
+    assert g.group.rewards == [0.5, 0.5, 1.0] and g.dropped == {"invalid": 1}
+
+
+def test_the_dynamic_filter_gets_a_prompt_group_and_a_bare_list_filter_still_works():
+    seen: list[PromptGroup] = []
+
+    def cookbook_filter(pg: PromptGroup) -> bool:
+        seen.append(pg)
+        return len(set(pg.rewards)) > 1
+
+    g = assemble_group(4, 0, [s(1.0), s(0.0)], dynamic_filter=cookbook_filter, row={"q": "2+2"})
+    assert g.accepted and seen[0].rewards == [1.0, 0.0] and seen[0].row == {"q": "2+2"} and seen[0].row_id == 4
+    assert len(seen[0].samples) == 2
+    legacy = lambda samples: len({x.reward for x in samples}) > 1  # noqa: E731 (a filter over a bare list)
+    assert not assemble_group(0, 0, [s(1.0), s(1.0)], dynamic_filter=legacy).accepted
 
 
 def test_too_few_samples_and_dynamic_filter_reject():

@@ -30,7 +30,7 @@ def test_advantages_per_group_and_groups_of_one_skipped():
     batch = build_step_batch(groups, train_version=4)
     assert [round(a, 3) for a in batch.advantages] == [0.866, -0.866, -0.866, 0.866]
     assert batch.row_ids == [7] and batch.skipped_row_ids == [8] and batch.num_samples == 4
-    assert batch.stats["reward/mean"] == 0.5 and batch.stats["data/groups_skipped"] == 1
+    assert batch.stats["rollout/filtered_reward"] == 0.5 and batch.stats["data/groups_skipped"] == 1
     assert batch.stats["async/version_offset_max"] == 1.0  # no per-token versions: submit_version
 
 

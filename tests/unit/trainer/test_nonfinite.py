@@ -36,7 +36,7 @@ def test_standardized_advantages_of_huge_rewards_are_finite_and_scale_free():
 def test_huge_rewards_train_a_finite_step_in_standardize_mode(tiny_model_dir, tmp_path, huge_reward_groups):
     trainer = PolicyTrainer(make_cfg(tiny_model_dir, tmp_path))
     result = trainer.train_step(copy.deepcopy(huge_reward_groups))
-    assert torch.isfinite(torch.tensor(result.metrics["loss"]))
+    assert torch.isfinite(torch.tensor(result.metrics["train/loss"]))
     assert all(torch.isfinite(v).all() for v in trainer.model.state_dict().values())
     assert result.metrics["train/steps_skipped_nonfinite"] == 0.0
 
@@ -49,7 +49,7 @@ def test_a_non_finite_step_is_skipped_and_too_many_in_a_row_fail(tiny_model_dir,
     first = trainer.train_step(copy.deepcopy(huge_reward_groups))
     assert first.metrics["train/step_skipped_nonfinite"] == 1.0
     assert first.metrics["train/steps_skipped_nonfinite"] == 1.0
-    assert first.version == 1 and "loss" not in first.metrics  # the version advances; no NaN in the record
+    assert first.version == 1 and "train/loss" not in first.metrics  # the version advances; no NaN in the record
     after = _params(trainer)
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing applied
     assert trainer.state.optimizer_steps == 0

@@ -55,10 +55,10 @@ def test_one_step_on_a_fixed_batch_decreases_the_loss(loss_name, tiny_model_dir,
         trainer.loop.loss_name = "reinforce"
     after = trainer.loop.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)["_loss"]
 
-    assert math.isclose(result.metrics["loss"], before, rel_tol=1e-4, abs_tol=1e-6)
+    assert math.isclose(result.metrics["train/loss"], before, rel_tol=1e-4, abs_tol=1e-6)
     assert after < before - 1e-5, f"{loss_name}: loss {before:.6f} -> {after:.6f}"
     if kl_beta:
-        assert result.metrics["ref_kl"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
+        assert result.metrics["train/kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy == reference at step 1
 
 
 def test_reinforce_gradient_is_the_hand_derived_policy_gradient(tiny_model_dir, tmp_path):
@@ -107,10 +107,10 @@ def test_ppo_inner_loop_takes_num_minibatches_steps_from_fixed_old_logprobs(tiny
     cfg = make_cfg(tiny_model_dir, tmp_path, policy_loss="ppo", num_minibatches=2, lr_warmup_steps=4)
     trainer = PolicyTrainer(cfg)
     result = trainer.train_step(groups)
-    assert result.metrics["optimizer_steps"] == 2
+    assert result.metrics["optim/steps"] == 2
     assert trainer.state.optimizer_steps == 2
     # The second minibatch ran after one update, so its ratios moved away from 1: old was not recomputed.
-    assert result.metrics["ppo_kl"] != 0.0
+    assert result.metrics["optim/ppo_kl"] != 0.0
     # Linear warmup over 4 optimizer steps: the last step used lr * 2/4, the next uses 3/4.
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(cfg.learning_rate * 3 / 4)
 
@@ -137,7 +137,7 @@ def test_a_group_of_one_valid_sample_is_skipped_not_fatal(tiny_model_dir, tmp_pa
     trainer = PolicyTrainer(make_cfg(tiny_model_dir, tmp_path))
     lonely = RolloutGroup(99, 0, groups[0].samples[:1])
     result = trainer.train_step([lonely])
-    assert result.version == 1 and result.skipped_row_ids == [99] and result.metrics["empty_step"] == 1.0
+    assert result.version == 1 and result.skipped_row_ids == [99] and result.metrics["train/empty_step"] == 1.0
     assert trainer.is_trained(99)
 
 
@@ -147,7 +147,7 @@ def test_bfloat16_with_gradient_checkpointing_trains(tiny_model_dir, tmp_path, g
     assert next(trainer.model.parameters()).dtype == torch.bfloat16
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     result = trainer.train_step(groups)
-    assert math.isfinite(result.metrics["loss"]) and math.isfinite(result.metrics["grad_norm"])
+    assert math.isfinite(result.metrics["train/loss"]) and math.isfinite(result.metrics["optim/grad_norm"])
     changed = [k for k, v in trainer.model.state_dict().items() if not torch.equal(v, before[k])]
     assert changed, "no parameter moved"
 
@@ -169,4 +169,18 @@ def test_checkpoint_restores_state_rows_and_optimizer(tiny_model_dir, tmp_path, 
         torch.testing.assert_close(v["exp_avg"], exp_avg[k], atol=0, rtol=0)
     # The next step continues identically in both.
     a, b = trainer.train_step(groups[1:]), resumed.train_step(groups[1:])
-    assert a.metrics["loss"] == pytest.approx(b.metrics["loss"], rel=1e-6)
+    assert a.metrics["train/loss"] == pytest.approx(b.metrics["train/loss"], rel=1e-6)
+
+
+def test_every_log_samples_interval_steps_a_few_decoded_samples_come_with_the_result(tiny_model_dir, tmp_path):
+    cfg = make_cfg(tiny_model_dir, tmp_path, log_samples_interval=2, log_samples_count=3)
+    trainer = PolicyTrainer(cfg)
+    groups = tiny_groups(tiny_model_dir, num_groups=4, group_size=4)
+    assert trainer.train_step(groups[:2]).samples == []  # step 1: not due
+    result = trainer.train_step(groups[2:])
+    assert [s.row_id for s in result.samples] == [groups[2].row_id, groups[3].row_id, groups[2].row_id]
+    first, sample = result.samples[0], groups[2].samples[0]
+    prompt_len = sample.loss_mask.index(1)
+    assert first.prompt == trainer.tokenizer.decode(sample.tokens[:prompt_len], skip_special_tokens=True)
+    assert first.completion == trainer.tokenizer.decode(sample.tokens[prompt_len:], skip_special_tokens=True)
+    assert (first.step, first.reward, first.version_offset) == (2, sample.reward, 1 - groups[2].submit_version)

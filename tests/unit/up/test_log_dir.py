@@ -79,3 +79,13 @@ def test_the_reason_a_run_failed_is_read_from_the_controller_log(tmp_path):
     )
     assert run_failure(log) == "all 6 rows rejected: 6 too long for max_seq_len 5; nothing exported"
     assert run_failure(tmp_path / "missing.log") is None
+
+
+def test_overwrite_deletes_the_trackers_files_so_a_new_run_is_a_new_tracker_run(tmp_path):
+    old_run(tmp_path)
+    for name in ("wandb_run_id", "mlflow_run_id", "samples.jsonl", "config.json"):
+        (tmp_path / name).write_text("x\n")
+    for folder in ("wandb", "tensorboard", "mlruns"):
+        (tmp_path / folder / "inner").mkdir(parents=True)
+    prepare(tmp_path, resume=False, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rows.jsonl"]

@@ -19,6 +19,7 @@ from fleetrl.weights import (
 )
 from fleetrl.weights.manifest import tensor_bytes
 from fleetrl.weights.protocol import PROTOCOL
+from tests.waiting import wait_until
 
 CHUNK = 4096  # small, so that several tensors span many chunks
 
@@ -164,13 +165,14 @@ def test_unknown_version_is_a_clear_error(publisher):
     assert info.value.reason == "unknown_version"
 
 
-def test_no_publisher_times_out_within_the_timeout(free_port):
+def test_no_publisher_times_out_after_its_timeout(free_port):
     started = time.monotonic()
-    with pytest.raises(WeightTransferError, match="timed out waiting for the manifest") as info:
+    with pytest.raises(WeightTransferError, match=r"timed out waiting for the manifest.*within 0\.5s") as info:
         fetch_weights(f"tcp://127.0.0.1:{free_port}", 1, timeout_s=0.5)
-    elapsed = time.monotonic() - started
     assert info.value.reason == "timeout"
-    assert 0.4 <= elapsed < 3.0
+    # One-sided: it waited out its timeout (no upper bound, which a loaded machine could break;
+    # a fetch that never gave up would hang and fail on pytest's timeout).
+    assert time.monotonic() - started >= 0.4
 
 
 def test_a_bad_address_is_a_clear_error():
@@ -231,13 +233,19 @@ def test_publish_rejects_bad_input_and_keeps_serving(publisher):
 
 
 def test_idle_sessions_expire():
-    with WeightPublisher(chunk_bytes=CHUNK, session_timeout_s=0.1) as pub:
+    with WeightPublisher(chunk_bytes=CHUNK, session_timeout_s=0.1, session_sweep_s=0.05) as pub:
         pub.publish(1, _state_dict())
         with iter_weights(pub.address, 1, timeout_s=10) as stream:
-            time.sleep(1.5)  # the publisher checks for idle sessions once a second
+            wait_until(lambda: pub.snapshot_counts().get("sessions_expired"), 10, "the idle session to expire")
             with pytest.raises(WeightTransferError, match="expired fetch session") as info:
                 list(stream)
             assert info.value.reason == "unknown_session"
+
+
+@pytest.mark.parametrize("field", ["session_timeout_s", "session_sweep_s"])
+def test_session_periods_must_be_positive(field):
+    with pytest.raises(ValueError, match=f"{field} must be positive"):
+        WeightPublisher(**{field: 0})
 
 
 class _FailingPublisher(WeightPublisher):
@@ -261,8 +269,8 @@ class _BrokenLoopPublisher(WeightPublisher):
 
 
 def test_a_failed_serving_loop_is_raised_on_the_next_call():
-    pub = _BrokenLoopPublisher(chunk_bytes=CHUNK)
-    pub._thread.join(30)  # the loop's first session expiry check fails, about 1 s after the start
+    pub = _BrokenLoopPublisher(chunk_bytes=CHUNK, session_sweep_s=0.05)
+    pub._thread.join(30)  # the loop's first session expiry check fails, one sweep after the start
     assert not pub._thread.is_alive()
     with pytest.raises(WeightTransferError, match=r"serving loop failed.*disk on fire"):
         pub.publish(2, _state_dict())

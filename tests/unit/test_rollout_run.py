@@ -1,0 +1,70 @@
+"""RolloutRun segments -> samples, the context keyword arguments a rollout declares, build_deployment_sampler."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from fleetrl import RolloutRun, RolloutSample, RolloutSegment, RolloutSetup, build_deployment_sampler
+from fleetrl.rollout import (
+    ROLLOUT_CONTEXT_ARGS,
+    InvalidSampleError,
+    RolloutReturnTypeError,
+    declared_context_args,
+    rollout_result_samples,
+)
+
+
+def test_a_segment_extending_the_previous_one_is_merged_into_one_sample():
+    turn1 = RolloutSegment([1, 2, 3], [0.0, -0.1, -0.2], [0, 1, 1], versions=[0, 0, 0])
+    # The next turn's observation is turn 1 plus a tool reply (4) and the model's answer (5).
+    turn2 = RolloutSegment([1, 2, 3, 4, 5], [0.0, 0.0, 0.0, 0.0, -0.5], [0, 0, 0, 0, 1], versions=[1, 1, 1, 1, 1])
+    (sample,) = RolloutRun([turn1, turn2], reward=1.0, finish_reason="length", text="t").to_samples()
+    assert sample.tokens == [1, 2, 3, 4, 5]
+    assert sample.loss_mask == [0, 1, 1, 0, 1]  # the shared prefix keeps turn 1's mask and logprobs
+    assert sample.logprobs == [0.0, -0.1, -0.2, 0.0, -0.5]
+    assert sample.versions == [0, 0, 0, 1, 1]
+    assert (sample.reward, sample.finish_reason, sample.text) == (1.0, "length", "t")
+
+
+def test_a_segment_that_does_not_extend_starts_a_new_sample_with_the_run_reward():
+    first = RolloutSegment([1, 2, 3], [0.0, -0.1, -0.2], [0, 1, 1])
+    rewritten = RolloutSample([9, 2, 7], [0.0, 0.0, -0.3], [0, 0, 1], reward=99.0)  # its own reward is ignored
+    samples = RolloutRun([first, rewritten], reward=0.5, metrics={"turns": 2}, text="end").to_samples()
+    assert [s.tokens for s in samples] == [[1, 2, 3], [9, 2, 7]]
+    assert [s.reward for s in samples] == [0.5, 0.5] and [s.text for s in samples] == ["", "end"]
+    assert all(s.metrics == {"turns": 2} for s in samples)
+    for s in samples:
+        s.validate()
+
+
+def test_return_types_known_and_unknown():
+    s = RolloutSample([1, 2], [0.0, -0.1], [0, 1], 1.0)
+    assert rollout_result_samples(None) is None and rollout_result_samples(s) == [s]
+    with pytest.raises(RolloutReturnTypeError, match=r"returned builtins\.tuple"):
+        rollout_result_samples((s, 1.0))
+    with pytest.raises(InvalidSampleError, match="segments"):
+        RolloutRun([], 1.0).to_samples()
+
+
+def test_context_arguments_are_those_declared():
+    async def plain(row):
+        return None
+
+    async def cookbook(row, *, rollout_idx, epoch, evaluation=False):
+        return None
+
+    async def anything(row, **kwargs):
+        return None
+
+    assert declared_context_args(plain) == ()
+    assert declared_context_args(cookbook) == ("epoch", "rollout_idx", "evaluation")
+    assert declared_context_args(anything) == ROLLOUT_CONTEXT_ARGS
+
+
+def test_build_deployment_sampler_is_the_setups_sampler():
+    sampler = SimpleNamespace(name="replicas")
+    assert build_deployment_sampler(RolloutSetup(sampler=sampler)) is sampler
+    with pytest.raises(RuntimeError, match="inside your rollout factory"):
+        build_deployment_sampler(RolloutSetup())
