@@ -294,7 +294,8 @@ async def run_group(
             run = runs[i]
             total = run.step_reward + float(group_reward)
             metrics = {**run.metrics, **{k: float(v) for k, v in dict(group_metrics).items()}, "reward/total": total}
-            if not run.segments:  # no tokens to train (an overflowed prompt): dropped, its reward counted above
+            if not run.segments:  # an overflowed prompt: compute_group_rewards saw it, but it has no tokens to
+                # train, so it is dropped (advantages are over trained samples; tinker also centers on it)
                 results[i] = None
                 continue
             results[i] = RolloutRun(run.segments, total, run.finish_reason, run.text, tagged_metrics(metrics, tags))

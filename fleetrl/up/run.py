@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetrl.config import Config, ConfigError
+from fleetrl.config import Config, ConfigError, check_warm_start_adapter
 from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
 from fleetrl.model_path import ModelNotFoundError, check_model_path
 from fleetrl.trackers import TrackerError, check_trackers_available
@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         if up.controller_address is None:
             check_model_path(run.base_model, "run.base_model")
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
+            check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset:
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")

@@ -16,7 +16,9 @@ class GatewayConfig(BaseModel):
     run: Config = Field(..., description="The run config (G, sampling settings, max_concurrency, extras).")
     rollout: str = Field(..., description="The rollout factory: 'module:make_rollout_fn' or 'file.py:attr'.")
     dynamic_filter: str | None = Field(
-        None, description="Group filter 'module:fn' (fn(samples) -> keep?); 'uniform' drops equal-reward groups."
+        None,
+        description="Group filter 'module:fn' (fn(PromptGroup) -> keep?, fleetrl.gateway.groups); 'uniform' drops "
+        "equal-reward groups.",
     )
     evaluation: str | None = Field(
         None, description="Evaluator hook 'module:fn' (async fn(setup, rows) -> dict); this gateway then evaluates."
@@ -26,7 +28,9 @@ class GatewayConfig(BaseModel):
     max_rows_in_flight: int | None = Field(
         None, ge=1, description="Rows processed at once; None = ceil(max_concurrency / G) + 1, or 16."
     )
-    min_samples: int = Field(2, ge=2, description="A group with fewer valid samples is rejected.")
+    min_samples: int = Field(
+        2, ge=2, description="A group with fewer valid samples is rejected; unset = the run's min_group_size."
+    )
     rollout_timeout_s: float = Field(
         600.0, gt=0, description="A whole rollout (with its tools) is cancelled, dropped and counted after this."
     )

@@ -109,3 +109,13 @@ def test_lora_with_kl_needs_no_reference_service():
     assert config_from_args(build_parser().parse_args(argv)).reference == "local"
     argv += ["--set", "lora_rank=8"]
     assert config_from_args(build_parser().parse_args(argv)).reference is None
+
+
+def test_fleetrl_up_refuses_a_missing_warm_start_adapter_before_starting_anything(tmp_path, tiny_model_dir, capsys):
+    from fleetrl.up.run import main
+
+    path = tmp_path / "run.json"
+    run = {"base_model": tiny_model_dir, "lora_rank": 8, "warm_start_from_adapter": str(tmp_path / "nope")}
+    path.write_text(json.dumps({"run": run, "up": {"rollout": "m:f"}}))
+    assert main([str(path)]) == 2
+    assert "warm_start_from_adapter: no adapter folder" in capsys.readouterr().err

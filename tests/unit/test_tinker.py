@@ -179,3 +179,31 @@ async def test_the_gateway_runs_one_builder_per_row_with_seeds_per_member():
     assert list(gateway.stub.reports[0].rewards) == [4.0, 2.0, 2.0]
     seeds = [r.seed for r in sampler.requests]
     assert len(set(seeds)) == 6 and None not in seeds  # 3 members x 2 turns, each call its own seed
+
+
+class Overflow:
+    """tinker's InitialObservationOverflow: the prompt is already too long; no sampling."""
+
+    reward, metrics = -1.0, {"stop/max_tokens": 1.0}
+
+
+class OverflowBuilder(PairwiseBuilder):
+    async def make_envs(self):
+        envs = [CountingEnv([5, 6]) for _ in range(self.n)]
+
+        async def overflow():
+            return Overflow()
+
+        envs[0].initial_observation = overflow  # type: ignore[method-assign]
+        return envs
+
+    async def compute_group_rewards(self, trajectory_group, env_group):
+        self.calls.append(len(trajectory_group))
+        return [(0.0, {}) for _ in trajectory_group]
+
+
+async def test_an_overflowed_prompt_is_shown_to_the_group_rewards_but_trains_nothing():
+    sampler, builder = ScriptedSampler(), OverflowBuilder(2)
+    results = await run_group(builder, sampler, {}, 2)
+    assert builder.calls == [2] and results[0] is None and isinstance(results[1], RolloutRun)
+    assert len(sampler.requests) == 2  # only the other member sampled (two turns)

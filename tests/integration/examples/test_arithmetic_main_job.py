@@ -16,8 +16,10 @@ REPO = Path(__file__).resolve().parents[3]
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_main_job_learns(tmp_path):
-    init = tmp_path / "init"
+@pytest.fixture(scope="module")
+def warm_started(tmp_path_factory) -> Path:
+    """The README's warm start, once for both arms."""
+    init = tmp_path_factory.mktemp("arithmetic") / "init"
     warm = subprocess.run(
         [sys.executable, "examples/arithmetic/warm_start.py", "--out", str(init)],
         cwd=REPO,
@@ -27,8 +29,20 @@ def test_main_job_learns(tmp_path):
     )
     assert warm.returncode == 0, warm.stderr[-2000:]
     assert "held-out greedy accuracy" in warm.stdout
+    return init
+
+
+# The README's two arms: full fine-tuning with run.toml as shipped, and LoRA (rank 16, lr 1e-3) with the README's
+# `--set` flags. A LoRA run pushes only the adapter and computes its reference without a reference service.
+ARMS = {"full": {}, "lora": {"lora_rank": "16", "learning_rate": "1e-3"}}
+
+
+@pytest.mark.parametrize("arm", list(ARMS))
+def test_main_job_learns(tmp_path, warm_started, arm):
+    init = warm_started
     run_dir = tmp_path / "run"
     sets = {
+        **ARMS[arm],
         "base_model": f'"{init / "model"}"',
         "dataset": f'"{init / "train.jsonl"}"',
         "eval_dataset": f'"{init / "eval.jsonl"}"',
@@ -61,3 +75,5 @@ def test_main_job_learns(tmp_path):
     assert train_end >= train_start + 0.1, (train_start, train_end)
     plot = subprocess.run([sys.executable, "-m", "fleetrl.cli", "plot", str(run_dir)], cwd=REPO, capture_output=True)
     assert plot.returncode == 0 and (run_dir / "curves.png").stat().st_size > 10_000
+    adapter = run_dir / "final" / "adapter_config.json"
+    assert adapter.exists() == (arm == "lora"), sorted(p.name for p in (run_dir / "final").iterdir())

@@ -72,7 +72,7 @@ def test_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
         torch.testing.assert_close(value, exported[name], atol=0, rtol=0, msg=name)
 
 
-LORA_SETTINGS = {**SETTINGS, "lora_rank": 4, "kl_beta": 0.1, "learning_rate": 1e-2}
+LORA_SETTINGS = {**SETTINGS, "lora_rank": 4, "kl_beta": 0.1, "learning_rate": 1e-2, "max_head_offpolicy_versions": 1}
 
 
 def _lora_worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:

@@ -32,6 +32,7 @@ learning_rate = 1e-2
 kl_beta = 0.1
 lora_rank = 4
 lora_alpha = 16
+max_head_offpolicy_versions = 1
 """
 
 

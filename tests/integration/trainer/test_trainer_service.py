@@ -36,6 +36,7 @@ max_seq_len = 64
 learning_rate = 1e-3
 kl_beta = 0.0
 weight_sync_interval = 1
+max_head_offpolicy_versions = 1
 """
 
 

@@ -67,7 +67,8 @@ from tests.integration.up.rollouts import make_slow_rollout_fn
 if __name__ == "__main__":
     cfg = Config(**json.loads(sys.argv[1]))
     rows = [{"prompt": f"count {i} to {i + 3}:"} for i in range(40)]
-    sys.exit(main(cfg, rollout_fn_factory=make_slow_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240)["exit_code"])
+    summary = main(cfg, rollout_fn_factory=make_slow_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240)
+    sys.exit(summary["exit_code"])
 """
 
 

@@ -14,7 +14,7 @@ from tests.integration.up.conftest import REPO, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys
 from fleetrl import Config, main
 from fleetrl.tinker import Env, EnvGroupBuilder, ModelInput, StepResult, tinker_rollout_fn
@@ -60,7 +60,7 @@ if __name__ == "__main__":
     summary = main(cfg, rollout_fn_factory=make_rollout_fn, rows=rows, engine="hf", startup_timeout_s=240)
     print("SUMMARY " + json.dumps(summary))
     sys.exit(summary["exit_code"])
-'''
+"""
 
 
 def test_a_tinker_env_trains_with_group_rewards_and_tagged_metrics(tmp_path, tiny_model_dir):

@@ -102,7 +102,12 @@ async def test_controller_survives_adversarial_requests(tmp_path):
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"q": i}) + "\n" for i in range(8)))
-    run = Config(log_path=str(tmp_path / "run"), prompt_groups_per_step=2, completions_per_prompt=2)
+    run = Config(
+        log_path=str(tmp_path / "run"),
+        prompt_groups_per_step=2,
+        completions_per_prompt=2,
+        max_head_offpolicy_versions=1,
+    )
     config = ControllerConfig(run=run, rows_path=str(rows), grpc_port=0, metrics_port=None, auth_token=TOKEN)
     ctl = create_server(config)
     await ctl.server.start()

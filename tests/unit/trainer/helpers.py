@@ -22,6 +22,8 @@ def make_cfg(model_dir: str, log_path: Path, **overrides: Any) -> Config:
         "learning_rate": 1e-3,
         "kl_beta": 0.0,
         "seed": 0,
+        # These tests train groups made at version 0 in later steps too: asynchronous (the default O is 0).
+        "max_head_offpolicy_versions": 1,
     }
     values.update(overrides)
     return Config(**values)

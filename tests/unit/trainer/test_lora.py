@@ -18,7 +18,8 @@ from fleetrl.up.evaluate import servable_model
 from fleetrl.weights import WeightPublisher
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
-LORA = {"lora_rank": 4, "learning_rate": 1e-2}
+# O = 1: the synthetic groups are all sampled from version 0, and step 2 trains some of them.
+LORA = {"lora_rank": 4, "learning_rate": 1e-2, "max_head_offpolicy_versions": 1}
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,19 @@ def test_a_publish_carries_only_the_adapter(tiny_model_dir, tmp_path, groups):
     assert manifest.adapter["r"] == 4 and manifest.adapter["lora_alpha"] == 8  # the default alpha: 2 * rank
     assert manifest.adapter["peft_type"] == "LORA" and "q_proj" in manifest.adapter["target_modules"]
     json.dumps(manifest.adapter)
+
+
+def test_a_bfloat16_run_publishes_its_adapter_in_bfloat16(tiny_model_dir, tmp_path, groups):
+    """AdamW keeps float32 adapter weights (PEFT's autocast of the adapter), the push is in the trainer's dtype."""
+    published = []
+    cfg = make_cfg(tiny_model_dir, tmp_path, dtype="bfloat16", **LORA)
+    trainer = PolicyTrainer(cfg, weight_sink=lambda v, sd, **kw: published.append(dict(sd)))
+    assert all(p.dtype == torch.float32 for p in trainer.model.parameters() if p.requires_grad)
+    trainer.train_step(groups[:2])
+    (tensors,) = published
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    adapter_numel = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    assert sum(t.numel() * t.element_size() for t in tensors.values()) == adapter_numel * 2
 
 
 def test_the_reference_is_the_base_model_with_the_adapter_disabled(tiny_model_dir, tmp_path, groups):
