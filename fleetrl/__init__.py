@@ -36,7 +36,8 @@ def build_deployment_sampler(setup: RolloutSetup) -> Any:
 
 
 def main(cfg: Config, rollout_fn_factory: Any, rows: Any = None, **options: Any) -> dict[str, Any]:
-    """Train with every service as a local process; returns a summary dict (`exit_code`, `steps`,
+    """Train with the rollout gateways in this process (any callable works as the factory, `dynamic_filter_fn`
+    or `evaluation_fn`) and the other services as local processes; returns a summary dict (`exit_code`, `steps`,
     `final_version`, `last_metrics`, paths: see `fleetrl.up.embedded.main`)."""
     from fleetrl.up.embedded import main as embedded_main
 

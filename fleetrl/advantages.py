@@ -3,12 +3,15 @@
 `standardize`: A_i = (r_i - mean(r)) / (std_unbiased(r) + 1e-8), and all zeros when std < 1e-8.
 `center`: A_i = r_i - mean(r) (no division by std: Dr. GRPO / Tinker style).
 A group of one carries no relative signal and is dropped (None).
+`member_advantages`: the same over a group's members (trajectories) when a member may be several samples (a
+RolloutRun whose segments do not extend each other): one reward per member, and each member's advantage for every
+one of its samples, so a split trajectory counts once in the mean and std, as if it were unsplit.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 AdvantageMode = Literal["standardize", "center"]
@@ -43,3 +46,21 @@ def group_advantages(rewards: Sequence[float], mode: AdvantageMode = "standardiz
     if std_unit * scale < STD_EPS:
         return [0.0] * n
     return [c / (std_unit + STD_EPS / scale) for c in centered_unit]
+
+
+def member_advantages(
+    rewards: Sequence[float], members: Sequence[int | None], mode: AdvantageMode = "standardize"
+) -> list[float] | None:
+    """Advantages per sample, computed over the group's members: `members[i]` is sample i's member (None: a
+    member of its own); a member's reward is its first sample's. None for a group of fewer than two members."""
+    if len(members) != len(rewards):
+        raise ValueError(f"{len(members)} members for {len(rewards)} rewards")
+    keys: list[Hashable] = [("sample", i) if m is None else ("member", m) for i, m in enumerate(members)]
+    member_reward: dict[Hashable, float] = {}
+    for key, reward in zip(keys, rewards, strict=True):
+        member_reward.setdefault(key, reward)
+    advantages = group_advantages(list(member_reward.values()), mode)
+    if advantages is None:
+        return None
+    by_member = dict(zip(member_reward, advantages, strict=True))
+    return [by_member[key] for key in keys]

@@ -65,6 +65,8 @@ def group_to_proto(group: RolloutGroup) -> rollout_pb2.RolloutGroup:
             sample.versions.extend(s.versions)
         for key, value in s.metrics.items():
             sample.metrics[key] = float(value)
+        if s.member is not None:
+            sample.member = int(s.member)
     return msg
 
 
@@ -80,6 +82,7 @@ def group_from_proto(msg: rollout_pb2.RolloutGroup) -> RolloutGroup:
             text=s.text,
             versions=list(s.versions) if len(s.versions) else None,
             metrics=dict(s.metrics),
+            member=s.member if s.HasField("member") else None,
         )
         for s in msg.samples
     ]

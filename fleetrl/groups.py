@@ -103,7 +103,10 @@ class GroupFormatError(ValueError):
 
 
 def sample_to_dict(sample: RolloutSample) -> dict[str, Any]:
-    return {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
+    out = {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
+    if sample.member is not None:  # only for a RolloutRun split into samples: older records have none
+        out["member"] = sample.member
+    return out
 
 
 def group_to_dict(group: RolloutGroup) -> dict[str, Any]:
@@ -124,7 +127,7 @@ def sample_from_dict(data: Any, where: str = "sample") -> RolloutSample:
     """Build a RolloutSample from a dict (unvalidated: validation is `split_valid`'s job)."""
     if not isinstance(data, dict):
         raise GroupFormatError(f"{where}: expected an object, got {type(data).__name__}")
-    unknown = set(data) - set(_SAMPLE_FIELDS)
+    unknown = set(data) - {*_SAMPLE_FIELDS, "member"}
     if unknown:
         raise GroupFormatError(f"{where}: unknown field(s) {sorted(unknown)}")
     missing = [k for k in ("tokens", "logprobs", "loss_mask", "reward") if k not in data]
@@ -138,6 +141,7 @@ def sample_from_dict(data: Any, where: str = "sample") -> RolloutSample:
         finish_reason=data.get("finish_reason", "stop"),
         text=data.get("text", ""),
         versions=data.get("versions"),
+        member=data.get("member"),
         metrics=data.get("metrics") or {},
     )
 

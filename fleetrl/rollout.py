@@ -49,6 +49,8 @@ class RolloutSample:
         text: the decoded completion, for logs.
         versions: policy version that generated each token (None when unknown).
         metrics: per-sample figures reported per step as `env/all/<name>`.
+        member: the group member (trajectory) the sample came from, set by the gateway: the samples of a
+            RolloutRun split into several share one member and one advantage (None: a member of its own).
     """
 
     tokens: list[int]
@@ -59,6 +61,7 @@ class RolloutSample:
     text: str = ""
     versions: list[int] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    member: int | None = None
 
     def validate(self) -> RolloutSample:
         """Check the contract; raise `InvalidSampleError` naming the field. Returns self."""
@@ -93,6 +96,9 @@ def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> Non
     for name, seq in (("logprobs", sample.logprobs), ("loss_mask", sample.loss_mask)):
         if len(seq) != n:
             raise InvalidSampleError(name, f"length {len(seq)} != len(tokens) {n}")
+    member = sample.member
+    if member is not None and (isinstance(member, bool) or not isinstance(member, int) or member < 0):
+        raise InvalidSampleError("member", f"must be a group member index (an int >= 0) or None, got {member!r}")
     if sample.versions is not None:
         _check_int_list("versions", sample.versions)
         if len(sample.versions) != n:

@@ -2,9 +2,10 @@
 
 Each result is a `RolloutSample`, a `RolloutRun` (one or more samples), None (the rollout chose to drop the
 sample), or an exception; any other type raises `RolloutReturnTypeError` (the gateway stops: a bug, not a bad
-sample). Invalid samples are dropped and counted with the validation message (`fleetrl.groups.split_valid`); a group
-with fewer than `min_samples` survivors, or one the dynamic filter refuses (e.g. every reward equal: zero advantage,
-nothing to learn), is rejected.
+sample). Invalid samples are dropped and counted with the validation message (`fleetrl.groups.split_valid`); the
+samples of a RolloutRun split into several get its member index (`RolloutSample.member`: one trajectory, one
+advantage, counted once); a group with fewer than `min_samples` surviving trajectories, or one the dynamic filter
+refuses (e.g. every reward equal: zero advantage, nothing to learn), is rejected.
 
 The dynamic filter receives a `PromptGroup` (the cookbook's shape: `.rewards`, `.samples`, `.row`); a filter written
 for a bare list of samples keeps working, since a `PromptGroup` iterates, indexes and measures as its samples.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetrl.groups import RolloutGroup, split_valid
@@ -86,7 +87,7 @@ def assemble_group(
     """Raises `RolloutReturnTypeError` when a result is of no known type (see the module docstring)."""
     candidates: list[RolloutSample] = []
     dropped: Counter[str] = Counter()
-    for result in results:
+    for member, result in enumerate(results):
         if isinstance(result, BaseException):
             dropped["error"] += 1
             continue
@@ -98,6 +99,8 @@ def assemble_group(
             continue
         if samples is None:
             dropped["none"] += 1
+        if samples is not None and len(samples) > 1:  # one trajectory as several samples: one advantage for all
+            samples = [replace(sample, member=member) for sample in samples]
         for sample in samples or ():
             if max_seq_len is not None and isinstance(sample.tokens, list) and len(sample.tokens) > max_seq_len:
                 dropped["too_long"] += 1
@@ -114,8 +117,11 @@ def assemble_group(
         dropped["invalid"] += 1
         log.warning("dropped an invalid sample: %s", bad.message)
     out = AssembledGroup(group, accepted=True, dropped=dropped)
-    if len(group.samples) < min_samples:
-        out.accepted, out.reason = False, f"only {len(group.samples)} valid samples (need {min_samples})"
+    # A trajectory split into several samples is one member: it alone carries no relative signal.
+    members = len({("member", x.member) if x.member is not None else i for i, x in enumerate(group.samples)})
+    if members < min_samples:
+        split = "" if members == len(group.samples) else f" from {members} trajectories"
+        out.accepted, out.reason = False, f"only {len(group.samples)} valid samples{split} (need {min_samples})"
     elif dynamic_filter is not None and not dynamic_filter(PromptGroup(list(group.samples), dict(row or {}), row_id)):
         out.accepted, out.reason = False, "dynamic filter"
     return out

@@ -1,7 +1,8 @@
 """From rollout groups to optimizer batches: advantages, step statistics, and how a batch is split.
 
-A step is P groups. Each group's rewards become advantages (fleetrl.advantages); a group with fewer than
-two valid samples carries no relative signal and is skipped. The step's B samples are split into
+A step is P groups. Each group's rewards become advantages (fleetrl.advantages), one per group member: the samples
+of a trajectory split into several (`RolloutSample.member`) share their member's advantage; a group with fewer than
+two valid members carries no relative signal and is skipped. The step's B samples are split into
 `num_minibatches` minibatches (one optimizer step each, the PPO inner loop), each minibatch across the
 data-parallel ranks, and each rank's share into micro-batches (gradient accumulation).
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from fleetrl.advantages import group_advantages
+from fleetrl.advantages import member_advantages
 from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
 from fleetrl.step_metrics import sample_metrics
@@ -80,7 +81,8 @@ def build_step_batch(
         if len(kept) != len(group.samples):
             group = replace(group, samples=kept)
         kept_groups.append(group)
-        group_adv = group_advantages(group.rewards, mode=advantage_mode)  # type: ignore[arg-type]
+        members = [s.member for s in group.samples]
+        group_adv = member_advantages(group.rewards, members, mode=advantage_mode)  # type: ignore[arg-type]
         if group_adv is None:
             skipped.append(group.row_id)
             continue

@@ -4,12 +4,15 @@
     if __name__ == "__main__":      # required: services start as child processes
         main(Config(base_model="./tiny", ...), rollout_fn_factory=make_rollout_fn, rows=rows)
 
-The factory must be importable by the gateways (a module-level function, in a module or in the script itself);
-rows, if given, are written to `<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run,
-`resume=True` to continue a stopped one (`restart_weights=True` as `fleetrl up --resume --restart-weights`), and
-`overwrite=True` to start over in a log_path that holds a run (without it, such a log_path is refused). Keyword
-arguments that are `Config` fields (`rollout_extras=...`, `max_steps=...`) update `cfg`; the others are `fleetrl up`
-options (the [up] table: `engine=`, `gateways=`, ...).
+The gateways run in this process (fleetrl.up.inprocess_gateway: asyncio tasks in a background thread, the same
+Gateway and wire protocol as `fleetrl serve gateway`), so the rollout factory, `dynamic_filter_fn` and
+`evaluation_fn` may be any callable (a lambda, a closure, a function of `__main__`); a string is a module:attr spec.
+Controller, trainer, replicas and reference are child processes. Rows, if given, are written to
+`<log_path>/rows.jsonl`. Pass `controller_address=` to attach to a running run, `resume=True` to continue a
+stopped one (`restart_weights=True` as `fleetrl up --resume --restart-weights`), and `overwrite=True` to start over
+in a log_path that holds a run (without it, such a log_path is refused). Keyword arguments that are `Config` fields
+(`rollout_extras=...`, `max_steps=...`) update `cfg`; the others are `fleetrl up` options (the [up] table:
+`engine=`, `gateways=`, ...).
 
 Returns a summary dict (`run_summary`): `exit_code` (0; 1 when the run failed, a run that trains nothing failing and
 saying why; 2 for a bad config or log_path; 130 when stopped by Ctrl-C or SIGTERM, the trainer checkpointing the
@@ -27,31 +30,7 @@ from typing import Any
 
 from fleetrl.config import Config, ConfigError
 from fleetrl.up.config import UpConfig
-
-
-def factory_spec(factory: Any) -> str:
-    """'module:attr' (or 'script.py:attr' for the __main__ script) naming a module-level callable."""
-    if isinstance(factory, str):
-        return factory
-    qualname = getattr(factory, "__qualname__", "")
-    module = getattr(factory, "__module__", None)
-    if not qualname or "<" in qualname or "." in qualname or module is None:
-        raise ConfigError(
-            f"rollout_fn_factory {factory!r} must be a module-level function (not a lambda, closure or method) so "
-            "the gateway processes can import it"
-        )
-    if module == "__main__":
-        script = getattr(sys.modules["__main__"], "__file__", None)
-        if script is None:
-            raise ConfigError("rollout_fn_factory is defined in an interactive session; put it in a file")
-        return f"{Path(script).resolve()}:{qualname}"
-    # A module imported from next to the script (`from rollout import make_rollout_fn`) is importable only from
-    # that folder: name it by its file so the gateways find it from any working directory.
-    module_file = getattr(sys.modules.get(module), "__file__", None)
-    script = getattr(sys.modules["__main__"], "__file__", None)
-    if module_file and script and Path(module_file).resolve().parent == Path(script).resolve().parent:
-        return f"{Path(module_file).resolve()}:{qualname}"
-    return f"{module}:{qualname}"
+from fleetrl.up.inprocess_gateway import UserObjects
 
 
 def main(
@@ -65,8 +44,9 @@ def main(
     overwrite: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
-    """Run the whole training with every service as a local process; returns `run_summary` (exit_code 0 =
-    success). `resume=True` continues the run in `cfg.log_path` (as `fleetrl up --resume`); `overwrite=True`
+    """Run the whole training: the gateways in this process, every other service as a local process; returns
+    `run_summary` (exit_code 0 = success). `evaluation_fn` (or `evaluation`) is the evaluation hook, a callable or
+    a module:fn spec. `resume=True` continues the run in `cfg.log_path` (as `fleetrl up --resume`); `overwrite=True`
     deletes a run found there first (as `fleetrl up --overwrite`)."""
     from fleetrl.model_path import ModelNotFoundError, check_model_path
     from fleetrl.up.log_dir import LogDirError
@@ -74,10 +54,27 @@ def main(
 
     run_options = {k: v for k, v in options.items() if k in Config.model_fields}
     up_options = {k: v for k, v in options.items() if k not in run_options}
+    # The gateways run in this process: any callable works (a lambda, a closure, a function of __main__ or a
+    # notebook); run_config.json records a label for each object, a string is a module:attr spec as in [up].
+    evaluation_fn = up_options.pop("evaluation_fn", None)
+    if evaluation_fn is None and callable(up_options.get("evaluation")):
+        evaluation_fn = up_options.pop("evaluation")
+    objects = UserObjects(
+        None if isinstance(rollout_fn_factory, str) else rollout_fn_factory,
+        None if isinstance(dynamic_filter_fn, str) else dynamic_filter_fn,
+        None if isinstance(evaluation_fn, str) else evaluation_fn,
+    )
+    if isinstance(evaluation_fn, str):
+        up_options["evaluation"] = evaluation_fn
+    elif evaluation_fn is not None:
+        up_options["evaluation"] = object_label(evaluation_fn)
     try:
         if run_options:
             cfg = Config.load({**cfg.model_dump(exclude_unset=True), **run_options}, source="fleetrl.main")
-        up_data: dict[str, Any] = {"rollout": factory_spec(rollout_fn_factory), **up_options}
+        if objects.evaluation_fn is not None and not cfg.eval_dataset:
+            raise ConfigError("evaluation_fn: name the held-out rows it evaluates: Config(eval_dataset=...)")
+        rollout = rollout_fn_factory if isinstance(rollout_fn_factory, str) else object_label(rollout_fn_factory)
+        up_data: dict[str, Any] = {"rollout": rollout, **up_options}
         up = main_options(up_data)
         check_model_path(cfg.base_model or "", "base_model")  # "no model at PATH" now, not a service's hub error
         # Before anything is written: a refused log_path keeps the rows and config of the run it holds.
@@ -96,13 +93,20 @@ def main(
         run_data["dataset"] = str(rows_path)
     if dynamic_filter_fn is not None:
         up_data["dynamic_filter"] = (
-            dynamic_filter_fn if isinstance(dynamic_filter_fn, str) else factory_spec(dynamic_filter_fn)
+            dynamic_filter_fn if isinstance(dynamic_filter_fn, str) else object_label(dynamic_filter_fn)
         )
     config_path = log_dir / "run_config.json"
     config_path.write_text(json.dumps({"run": run_data, "up": up_data}, indent=2))
     run = Config.from_toml(config_path)
     up = UpConfig.from_file(config_path)
-    return run_summary(run, launch(config_path, [], run, up, resume=resume, restart_weights=restart_weights))
+    code = launch(config_path, [], run, up, resume=resume, restart_weights=restart_weights, objects=objects)
+    return run_summary(run, code)
+
+
+def object_label(obj: Any) -> str:
+    """What run_config.json records for a Python object given to `main()` (the object itself is used)."""
+    name = getattr(obj, "__qualname__", None) or type(obj).__qualname__
+    return f"<object {getattr(obj, '__module__', '?')}.{name}>"
 
 
 def main_options(up_data: dict[str, Any]) -> UpConfig:

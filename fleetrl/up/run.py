@@ -39,6 +39,13 @@ from fleetrl.up.auth import run_auth_token
 from fleetrl.up.config import UpConfig, load_run_and_up
 from fleetrl.up.console import Startup, print_services
 from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
+from fleetrl.up.inprocess_gateway import (
+    InProcessGateway,
+    UserObjects,
+    gateway_log_handler,
+    remove_log_handler,
+    start_gateways,
+)
 from fleetrl.up.log_dir import LogDirError, prepare_log_dir
 from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
@@ -91,8 +98,10 @@ def launch(
     up: UpConfig,
     resume: bool = False,
     restart_weights: bool = False,
+    objects: UserObjects | None = None,
 ) -> int:
-    """Start every service and watch the run; `log_path` must have been checked (`check_log_dir`)."""
+    """Start every service and watch the run; `log_path` must have been checked (`check_log_dir`). With `objects`
+    (fleetrl.main) the gateways run in this process, given those Python objects; else each is a process."""
     log_dir = Path(run.log_path)
     metrics_path = log_dir / "metrics.jsonl"
     env = {
@@ -114,6 +123,8 @@ def launch(
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     controller_flags = ["--resume", *(["--restart-weights"] if restart_weights else [])] if resume else []
     progress: Progress | None = None
+    gateways: list[Any] = []
+    log_handler = gateway_log_handler(log_dir / "gateway.log") if objects is not None else None
     try:
         if up.controller_address is None:
             with Startup(stack_size(run, up)) as startup:
@@ -133,13 +144,17 @@ def launch(
         ]
         if up.dynamic_filter:
             gateway_argv += ["--dynamic-filter", up.dynamic_filter]
-        gateways = []
-        for i in range(up.gateways):
+        evaluation = user_spec(up.evaluation, config_path.parent) if up.evaluation else None
+        if objects is not None:  # any callable works: the gateways share this process with the user's code
+            gateways += start_gateways(gateway_argv, up.gateways, evaluation, objects, log_dir, token)
+        for i in range(up.gateways if objects is None else 0):
             args = list(gateway_argv)
-            if i == 0 and up.evaluation:  # one gateway evaluates held-out rows when the controller asks
-                args += ["--evaluation", user_spec(up.evaluation, config_path.parent)]
+            if i == 0 and evaluation:  # one gateway evaluates held-out rows when the controller asks
+                args += ["--evaluation", evaluation]
             gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
         print_services(sup.children)
+        if objects is not None:
+            print(f"  {up.gateways} gateway(s) in this process, log {log_dir / 'gateway.log'}", file=sys.stderr)
         progress = Progress(metrics_path, planned_steps(run), from_end=resume)
         return _watch(sup, controller, gateways, gateway_argv, up, progress, stop_requested)
     except ServiceFailed as exc:
@@ -153,6 +168,11 @@ def launch(
             progress.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)  # from here a second Ctrl-C stops at once
+        for gateway in gateways:  # in-process gateways stop first, as gateway processes do in stop_all
+            if isinstance(gateway, InProcessGateway):
+                gateway.stop()
+        if log_handler is not None:
+            remove_log_handler(log_handler)
         sup.stop_all(patient=stop_patience(sup.children, up.stop_timeout_s))
         if stop_requested and controller_started(sup):
             print(f"fleetrl up: stopped; `fleetrl up {config_path} --resume` continues the run", file=sys.stderr)
@@ -264,7 +284,8 @@ def _watch(
                 file=sys.stderr,
             )
             return 130
-        for child in sup.children:
+        in_process = [g for g in gateways if isinstance(g, InProcessGateway)]
+        for child in [*sup.children, *in_process]:
             code = child.poll()
             if code is None or child is controller:
                 continue
@@ -284,9 +305,13 @@ def _watch(
                 if restarts >= up.max_gateway_restarts:
                     raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")
                 restarts += 1
-                sup.children.remove(child)
                 name = f"gateway-r{restarts}"
                 print(f"\nfleetrl up: {child.name} exited with {code}; starting {name}", file=sys.stderr)
+                if isinstance(child, InProcessGateway):  # a fresh task in this process, same objects and role
+                    gateways.remove(child)
+                    gateways.append(child.restarted(name))
+                    continue
+                sup.children.remove(child)
                 gateways.append(sup.start(name, "gateway", child.argv[5:], ready=False))  # same role, same flags
             elif child.kind == "inference" and controller is not None:
                 if replica_restarts >= up.max_replica_restarts:

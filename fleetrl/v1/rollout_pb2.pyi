@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RolloutSample(_message.Message):
-    __slots__ = ("tokens", "logprobs", "loss_mask", "reward", "finish_reason", "text", "versions", "metrics")
+    __slots__ = ("tokens", "logprobs", "loss_mask", "reward", "finish_reason", "text", "versions", "metrics", "member")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class RolloutSample(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
@@ -31,7 +32,8 @@ class RolloutSample(_message.Message):
     text: str
     versions: _containers.RepeatedScalarFieldContainer[int]
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    member: int
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., member: _Optional[int] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("row_id", "submit_version", "samples", "auth_token", "source", "attempt", "lease_tag")

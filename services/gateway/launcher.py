@@ -59,36 +59,42 @@ def load_dynamic_filter(spec: str | None):  # type: ignore[no-untyped-def]
     return drop_uniform_rewards if spec == "uniform" else load_object(spec)
 
 
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The `GatewayConfig` of parsed gateway flags (ConfigError or ValueError names a bad one)."""
+    from fleetrl.services.gateway.config import GatewayConfig
+
+    return GatewayConfig.build(
+        drop_unset(
+            {
+                "run": run_config_from_args(args),
+                "rollout": args.rollout,
+                "dynamic_filter": args.dynamic_filter,
+                "evaluation": args.evaluation,
+                "controller_address": args.controller,
+                "gateway_id": args.gateway_id,
+                "max_rows_in_flight": args.max_rows_in_flight,
+                "rollout_timeout_s": args.rollout_timeout,
+                "generate_timeout_s": args.generate_timeout,
+                "replica_wait_s": args.replica_wait,
+                "breaker_window": args.breaker_window,
+                "breaker_min_attempts": args.breaker_min_attempts,
+                "breaker_max_failure_rate": args.breaker_max_failure_rate,
+                "metrics_port": args.metrics_port,
+                "metrics_linger_s": args.metrics_linger,
+                "host": args.host,
+                "ready_file": args.ready_file,
+                "log_level": args.log_level,
+            }
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     from fleetrl.config import ConfigError
-    from fleetrl.services.gateway.config import GatewayConfig
 
     try:
-        config = GatewayConfig.build(
-            drop_unset(
-                {
-                    "run": run_config_from_args(args),
-                    "rollout": args.rollout,
-                    "dynamic_filter": args.dynamic_filter,
-                    "evaluation": args.evaluation,
-                    "controller_address": args.controller,
-                    "gateway_id": args.gateway_id,
-                    "max_rows_in_flight": args.max_rows_in_flight,
-                    "rollout_timeout_s": args.rollout_timeout,
-                    "generate_timeout_s": args.generate_timeout,
-                    "replica_wait_s": args.replica_wait,
-                    "breaker_window": args.breaker_window,
-                    "breaker_min_attempts": args.breaker_min_attempts,
-                    "breaker_max_failure_rate": args.breaker_max_failure_rate,
-                    "metrics_port": args.metrics_port,
-                    "metrics_linger_s": args.metrics_linger,
-                    "host": args.host,
-                    "ready_file": args.ready_file,
-                    "log_level": args.log_level,
-                }
-            )
-        )
+        config = config_from_args(args)
     except (ConfigError, ValueError) as exc:
         print(f"fleetrl serve gateway: {exc}", file=sys.stderr)
         return 2
@@ -110,8 +116,11 @@ def model_vocab_size(run_cfg: Any, tokenizer: Any) -> int | None:
         return len(tokenizer) if tokenizer is not None else None
 
 
-async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ignore[no-untyped-def]
-    """Run one gateway; `rollout_factory`/`tokenizer` objects may be given directly (fleetrl.main does)."""
+async def run(  # type: ignore[no-untyped-def]
+    config, rollout_factory=None, tokenizer=None, *, dynamic_filter=None, evaluation_fn=None
+) -> int:
+    """Run one gateway; the rollout factory, tokenizer, dynamic filter and evaluation hook may be given as objects
+    (fleetrl.main's in-process gateways do: fleetrl.up.inprocess_gateway); else they are loaded from the config."""
     from transformers import AutoTokenizer
 
     from fleetrl.model_path import check_model_path
@@ -127,8 +136,10 @@ async def run(config, rollout_factory=None, tokenizer=None) -> int:  # type: ign
         tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
     try:
         factory = rollout_factory or load_object(config.rollout)
-        evaluation_fn = load_object(config.evaluation) if config.evaluation else None
-        dynamic_filter = load_dynamic_filter(config.dynamic_filter)
+        if evaluation_fn is None and config.evaluation:
+            evaluation_fn = load_object(config.evaluation)
+        if dynamic_filter is None:
+            dynamic_filter = load_dynamic_filter(config.dynamic_filter)
     except Exception as exc:  # deterministic: restarting the gateway cannot fix the user's code
         log.error("cannot load the user's code: %s: %s", type(exc).__name__, exc)
         return EXIT_USER_CODE

@@ -86,3 +86,9 @@ def test_receiver_counts_drops_and_validates_its_size_cap():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_message_bytes"):
             GroupReceiver(received.append, max_message_bytes=bad)
+
+
+def test_the_member_of_a_split_trajectory_crosses_the_wire_and_unset_stays_unset():
+    samples = [RolloutSample([1, 2], [0.0, -0.1], [0, 1], 0.5, member=m) for m in (0, 0, None)]
+    group = decode_group(encode_group(RolloutGroup(3, 1, samples)))
+    assert [x.member for x in group.samples] == [0, 0, None]

@@ -52,3 +52,10 @@ def test_nonfinite_logprob_outside_mask_is_allowed():
 
 def test_invalid_sample_error_is_a_value_error():
     assert issubclass(InvalidSampleError, ValueError)
+
+
+@pytest.mark.parametrize("member", [-1, "0", True, 1.0])
+def test_a_member_that_is_not_a_group_index_is_invalid(member):
+    with pytest.raises(InvalidSampleError, match="member"):
+        RolloutSample([1, 2], [0.0, -0.1], [0, 1], 1.0, member=member).validate()
+    assert RolloutSample([1, 2], [0.0, -0.1], [0, 1], 1.0, member=2).validate().member == 2

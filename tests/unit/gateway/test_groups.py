@@ -25,6 +25,9 @@ def test_a_rollout_run_becomes_its_samples_and_a_bad_segment_is_dropped_as_inval
     g = assemble_group(3, 1, [run, s(1.0), RolloutRun([], 1.0)])
     assert [x.tokens for x in g.group.samples] == [[1, 2], [7, 8], [1, 2, 3]]
     assert g.group.rewards == [0.5, 0.5, 1.0] and g.dropped == {"invalid": 1}
+    assert [x.member for x in g.group.samples] == [0, 0, None]  # one trajectory: one member, one advantage
+    alone = assemble_group(3, 1, [run, None])  # two samples, but of one trajectory: no relative signal
+    assert not alone.accepted and alone.reason == "only 2 valid samples from 1 trajectories (need 2)"
 
 
 def test_the_dynamic_filter_gets_a_prompt_group_and_a_bare_list_filter_still_works():

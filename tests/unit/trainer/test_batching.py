@@ -34,6 +34,14 @@ def test_advantages_per_group_and_groups_of_one_skipped():
     assert batch.stats["async/version_offset_max"] == 1.0  # no per-token versions: submit_version
 
 
+def test_a_trajectory_split_into_samples_counts_once_and_its_samples_share_its_advantage():
+    unsplit = build_step_batch([RolloutGroup(7, 3, [_sample(r) for r in (1.0, 0.0, 0.0, 1.0)])])
+    pieces = [RolloutSample([1, 2, 3, 4], [0.0, 0.0, -1.0, -1.0], [0, 0, 1, 1], 0.0, member=1) for _ in range(3)]
+    split = build_step_batch([RolloutGroup(7, 3, [_sample(1.0), *pieces, _sample(0.0), _sample(1.0)])])
+    a = unsplit.advantages
+    assert split.advantages == [a[0], a[1], a[1], a[1], a[2], a[3]] and split.num_samples == 6
+
+
 def test_center_mode_and_version_offsets_from_trainable_tokens():
     samples = [
         _sample(2.0, versions=[0, 0, 5, 6], metrics={"correct": 1}),

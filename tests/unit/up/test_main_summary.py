@@ -38,3 +38,24 @@ def test_the_summary_reads_steps_version_and_last_metrics(tmp_path):
     summary = run_summary(cfg, 0)
     assert (summary["steps"], summary["final_version"]) == (2, 2)
     assert summary["last_metrics"]["step"] == 2 and summary["final_model"] == str(tmp_path / "final")
+
+
+def test_lambdas_closures_and_a_local_evaluation_fn_pass_mains_checks(tmp_path, capsys):
+    """The gateways run in this process: a lambda factory and filter and a local evaluation hook are accepted (no
+    'must be a module-level function', no JSON error), so the first complaint is the missing model."""
+    cfg = Config(base_model=str(tmp_path / "none"), log_path=str(tmp_path / "run"), eval_dataset="eval.jsonl")
+
+    async def evaluate(setup, rows):  # a local function: not importable by a gateway process
+        return {}
+
+    summary = fleetrl.main(
+        cfg, rollout_fn_factory=lambda setup: None, dynamic_filter_fn=lambda pg: True, evaluation_fn=evaluate
+    )
+    err = capsys.readouterr().err
+    assert summary["exit_code"] == 2 and "base_model: no model at" in err and "module-level" not in err
+
+
+def test_an_evaluation_fn_without_eval_dataset_is_named(tmp_path, capsys):
+    cfg = Config(base_model=str(tmp_path / "none"), log_path=str(tmp_path / "run"))
+    summary = fleetrl.main(cfg, rollout_fn_factory=make_rollout_fn, evaluation_fn=lambda setup, rows: {})
+    assert summary["exit_code"] == 2 and "evaluation_fn: name the held-out rows" in capsys.readouterr().err
