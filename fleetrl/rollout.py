@@ -194,22 +194,53 @@ class RolloutRun:
     advantages are computed over samples, so a run split into k samples counts k times in its group's mean and std
     (exact per-trajectory advantages would need the trainer to know which samples share a trajectory).
 
+    The cookbook's form works as written: ``RolloutRun(segments=[RolloutSample(..., reward=r), ...])`` with no
+    ``reward=`` takes the trajectory's reward from its segments, which must all carry the same one (as the
+    cookbook requires), and the last segment's ``finish_reason`` and ``text``.
+
     Attributes:
-        segments: RolloutSegment (or RolloutSample, whose reward is ignored) in order.
-        reward: scalar reward of the whole trajectory.
+        segments: RolloutSegment or RolloutSample, in order.
+        reward: scalar reward of the whole trajectory; None = the segments' (one shared) reward.
         finish_reason, text, metrics: as on `RolloutSample` (text and finish_reason go to the last sample).
+        run_id, metadata: the cookbook's optional labels; kept for the user, not trained on.
     """
 
     segments: list[Any]
-    reward: float
+    reward: float | None = None
     finish_reason: str = "stop"
     text: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    run_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+    def _reward_and_ending(self) -> tuple[float, str, str]:
+        """The run's reward, finish reason and text; from its RolloutSample segments when not given."""
+        if self.reward is not None:
+            return self.reward, self.finish_reason, self.text
+        rewards = [getattr(seg, "reward", None) for seg in self.segments]
+        for i, reward in enumerate(rewards):
+            if not isinstance(reward, int | float) or isinstance(reward, bool):
+                raise InvalidSampleError(
+                    f"segments[{i}].reward",
+                    "a RolloutRun without reward= takes it from its segments, and this one has none: pass "
+                    "RolloutRun(..., reward=r) or RolloutSample segments",
+                )
+            if float(reward) != float(rewards[0]):
+                raise InvalidSampleError(
+                    f"segments[{i}].reward",
+                    f"{reward} differs from segment 0's {rewards[0]}; a run has one trajectory-level reward: "
+                    "put the same on every segment",
+                )
+        last = self.segments[-1]
+        finish = getattr(last, "finish_reason", None) if self.finish_reason == "stop" else self.finish_reason
+        text = self.text or getattr(last, "text", "") or ""
+        return float(rewards[0]), finish if isinstance(finish, str) else "stop", text
 
     def to_samples(self) -> list[RolloutSample]:
         """The run as trainable samples (see the class docstring); raises `InvalidSampleError` for a bad segment."""
         if not isinstance(self.segments, list | tuple) or not self.segments:
             raise InvalidSampleError("segments", "a RolloutRun needs at least one segment")
+        reward, finish_reason, text = self._reward_and_ending()
         merged: list[RolloutSegment] = []
         for i, seg in enumerate(self.segments):
             for name in ("tokens", "logprobs", "loss_mask"):
@@ -235,9 +266,9 @@ class RolloutRun:
                 tokens=seg.tokens,
                 logprobs=seg.logprobs,
                 loss_mask=seg.loss_mask,
-                reward=self.reward,
-                finish_reason=self.finish_reason if i == len(merged) - 1 else "stop",
-                text=self.text if i == len(merged) - 1 else "",
+                reward=reward,
+                finish_reason=finish_reason if i == len(merged) - 1 else "stop",
+                text=text if i == len(merged) - 1 else "",
                 versions=seg.versions,
                 metrics=dict(self.metrics),
             )

@@ -68,3 +68,70 @@ def test_build_deployment_sampler_is_the_setups_sampler():
     assert build_deployment_sampler(RolloutSetup(sampler=sampler)) is sampler
     with pytest.raises(RuntimeError, match="inside your rollout factory"):
         build_deployment_sampler(RolloutSetup())
+
+
+# The Fireworks cookbook's training/examples/rl/single_turn_token_in/rollout.py, with only its imports changed:
+# RolloutRun(segments=[RolloutSample(..., reward=...)]) and no reward= on the run.
+def _cookbook_make_rollout_fn(setup):
+    sampler = build_deployment_sampler(setup)
+    sample_kwargs = dict(setup.sample_kwargs)
+
+    async def rollout_fn(sample_prompt: dict) -> RolloutRun | None:
+        prompt_token_ids = list(sample_prompt.get("prompt_token_ids") or [])
+        if not prompt_token_ids:
+            return None
+
+        completions = await sampler.sample_with_prompt_tokens(
+            prompt_token_ids,
+            n=1,
+            **sample_kwargs,
+        )
+        if not completions:
+            return None
+        completion = completions[0]
+        prompt_len = int(completion.prompt_len)
+        tokens = list(completion.full_tokens)
+        output_tokens = tokens[prompt_len:]
+        output_logprobs = list(completion.inference_logprobs or [])
+        if getattr(completion, "logprobs_echoed", False) and len(output_logprobs) == len(tokens):
+            output_logprobs = output_logprobs[prompt_len:]
+        if not output_tokens or len(output_logprobs) != len(output_tokens):
+            return None
+        sample = RolloutSample(
+            tokens=tokens,
+            logprobs=[0.0] * prompt_len + output_logprobs,
+            loss_mask=[0] * prompt_len + [1] * len(output_tokens),
+            reward=float(sample_prompt.get("reward", 0.0)),
+            finish_reason=getattr(completion, "finish_reason", "stop"),
+            text=getattr(completion, "text", ""),
+        )
+        return RolloutRun(segments=[sample])
+
+    return rollout_fn
+
+
+async def test_the_cookbooks_single_turn_rollout_runs_with_only_its_imports_changed():
+    from fleetrl.services.gateway.sampler import SampledCompletion
+
+    class Sampler:  # the engine's answer, shaped as fleetrl's sampler returns it
+        async def sample_with_prompt_tokens(self, prompt, n=1, **kwargs):
+            return [SampledCompletion([*prompt, 7, 8], len(prompt), [-0.5, -0.25], "length", "78", [3, 3])]
+
+    setup = RolloutSetup(sampler=Sampler(), tokenizer=None, sample_kwargs={"max_tokens": 2})
+    run = await _cookbook_make_rollout_fn(setup)({"prompt_token_ids": [1, 2, 3], "reward": 0.75})
+    (sample,) = rollout_result_samples(run)
+    assert sample.tokens == [1, 2, 3, 7, 8] and sample.loss_mask == [0, 0, 0, 1, 1]
+    assert sample.logprobs == [0.0, 0.0, 0.0, -0.5, -0.25]
+    assert (sample.reward, sample.finish_reason, sample.text) == (0.75, "length", "78")
+
+
+def test_a_run_without_reward_needs_one_shared_reward_on_its_segments():
+    seg = RolloutSegment(tokens=[1, 2], logprobs=[0.0, -1.0], loss_mask=[0, 1])
+    with pytest.raises(InvalidSampleError, match=r"segments\[0\]\.reward.*has none"):
+        RolloutRun(segments=[seg]).to_samples()
+    a = RolloutSample(tokens=[1, 2], logprobs=[0.0, -1.0], loss_mask=[0, 1], reward=1.0)
+    b = RolloutSample(tokens=[5, 6], logprobs=[0.0, -1.0], loss_mask=[0, 1], reward=0.0)
+    with pytest.raises(InvalidSampleError, match=r"segments\[1\]\.reward.*differs from segment 0"):
+        RolloutRun(segments=[a, b]).to_samples()
+    b.reward = 1.0
+    assert [s.reward for s in RolloutRun(segments=[a, b], run_id="r1").to_samples()] == [1.0, 1.0]
