@@ -70,47 +70,36 @@ def test_build_deployment_sampler_is_the_setups_sampler():
         build_deployment_sampler(RolloutSetup())
 
 
-# The Fireworks cookbook's training/examples/rl/single_turn_token_in/rollout.py, with only its imports changed:
-# RolloutRun(segments=[RolloutSample(..., reward=...)]) and no reward= on the run.
-def _cookbook_make_rollout_fn(setup):
+# A rollout written the way the Fireworks cookbook's current single-turn examples are (fleetrl's own code, not a
+# copy): a RolloutRun of RolloutSample segments that carry the reward, and no reward= on the run itself; the
+# completion read through the cookbook's attribute names (prompt_len, full_tokens, inference_logprobs).
+def _cookbook_style_make_rollout_fn(setup):
     sampler = build_deployment_sampler(setup)
-    sample_kwargs = dict(setup.sample_kwargs)
 
-    async def rollout_fn(sample_prompt: dict) -> RolloutRun | None:
-        prompt_token_ids = list(sample_prompt.get("prompt_token_ids") or [])
-        if not prompt_token_ids:
+    async def rollout_fn(row: dict) -> RolloutRun | None:
+        prompt = list(row.get("prompt_token_ids") or [])
+        if not prompt:
             return None
-
-        completions = await sampler.sample_with_prompt_tokens(
-            prompt_token_ids,
-            n=1,
-            **sample_kwargs,
-        )
-        if not completions:
-            return None
-        completion = completions[0]
-        prompt_len = int(completion.prompt_len)
-        tokens = list(completion.full_tokens)
-        output_tokens = tokens[prompt_len:]
-        output_logprobs = list(completion.inference_logprobs or [])
-        if getattr(completion, "logprobs_echoed", False) and len(output_logprobs) == len(tokens):
-            output_logprobs = output_logprobs[prompt_len:]
-        if not output_tokens or len(output_logprobs) != len(output_tokens):
-            return None
-        sample = RolloutSample(
-            tokens=tokens,
-            logprobs=[0.0] * prompt_len + output_logprobs,
-            loss_mask=[0] * prompt_len + [1] * len(output_tokens),
-            reward=float(sample_prompt.get("reward", 0.0)),
+        (completion,) = await sampler.sample_with_prompt_tokens(prompt, n=1, **dict(setup.sample_kwargs))
+        n_prompt = int(completion.prompt_len)
+        generated = list(completion.full_tokens)[n_prompt:]
+        logprobs = list(completion.inference_logprobs or [])
+        if getattr(completion, "logprobs_echoed", False):
+            logprobs = logprobs[n_prompt:]
+        segment = RolloutSample(
+            tokens=list(completion.full_tokens),
+            logprobs=[0.0] * n_prompt + logprobs,
+            loss_mask=[0] * n_prompt + [1] * len(generated),
+            reward=float(row.get("reward", 0.0)),
             finish_reason=getattr(completion, "finish_reason", "stop"),
             text=getattr(completion, "text", ""),
         )
-        return RolloutRun(segments=[sample])
+        return RolloutRun(segments=[segment])
 
     return rollout_fn
 
 
-async def test_the_cookbooks_single_turn_rollout_runs_with_only_its_imports_changed():
+async def test_a_cookbook_style_rollout_run_without_a_run_reward_trains():
     from fleetrl.services.gateway.sampler import SampledCompletion
 
     class Sampler:  # the engine's answer, shaped as fleetrl's sampler returns it
@@ -118,7 +107,7 @@ async def test_the_cookbooks_single_turn_rollout_runs_with_only_its_imports_chan
             return [SampledCompletion([*prompt, 7, 8], len(prompt), [-0.5, -0.25], "length", "78", [3, 3])]
 
     setup = RolloutSetup(sampler=Sampler(), tokenizer=None, sample_kwargs={"max_tokens": 2})
-    run = await _cookbook_make_rollout_fn(setup)({"prompt_token_ids": [1, 2, 3], "reward": 0.75})
+    run = await _cookbook_style_make_rollout_fn(setup)({"prompt_token_ids": [1, 2, 3], "reward": 0.75})
     (sample,) = rollout_result_samples(run)
     assert sample.tokens == [1, 2, 3, 7, 8] and sample.loss_mask == [0, 0, 0, 1, 1]
     assert sample.logprobs == [0.0, 0.0, 0.0, -0.5, -0.25]
