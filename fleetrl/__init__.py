@@ -4,21 +4,30 @@ The user-facing contract:
 
     from fleetrl import Config, RolloutSample, RolloutSetup, main
     from fleetrl import RolloutRun, RolloutSegment, build_deployment_sampler   # the current cookbook's names
+    from fleetrl import DeployConfig, TrainerConfig, WandBConfig               # the cookbook's config objects
+    from fleetrl import MessageTrajectoryAssembler, TITOTokenizer             # message-in multi-turn rollouts
 """
 
 from typing import Any
 
 from fleetrl.config import Config, ConfigError
+from fleetrl.cookbook import DeployConfig, TrainerConfig, WandBConfig
+from fleetrl.message_trajectory import MessageTrajectoryAssembler, TITOTokenizer
 from fleetrl.rollout import InvalidSampleError, RolloutRun, RolloutSample, RolloutSegment, RolloutSetup
 
 __all__ = [
     "Config",
     "ConfigError",
+    "DeployConfig",
     "InvalidSampleError",
+    "MessageTrajectoryAssembler",
     "RolloutRun",
     "RolloutSample",
     "RolloutSegment",
     "RolloutSetup",
+    "TITOTokenizer",
+    "TrainerConfig",
+    "WandBConfig",
     "build_deployment_sampler",
     "main",
 ]

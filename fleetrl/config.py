@@ -15,7 +15,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+
+from fleetrl.cookbook import cookbook_tables
 
 LrSchedule = Literal["constant", "linear", "cosine"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "sum"]
@@ -169,6 +171,27 @@ class Config(BaseModel):
 
         return check_logger_names(value)
 
+    _cookbook_up: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _cookbook_objects(cls, data: Any, handler: Any) -> Any:
+        """The cookbook's `deployment=DeployConfig(...)`, `trainer=`, `wandb=` and `output_model_id` mapped onto
+        fleetrl's fields (`fleetrl.cookbook`); the [up] settings they imply are kept for `fleetrl.main`."""
+        up: dict[str, Any] = {}
+        if isinstance(data, dict):
+            data, up = cookbook_tables(data)
+        cfg = handler(data)
+        if up and isinstance(cfg, Config):
+            cfg._cookbook_up = up
+        return cfg
+
+    @property
+    def cookbook_up_options(self) -> dict[str, Any]:
+        """[up] settings given through the cookbook's objects (`DeployConfig.replica_count` -> `replicas`);
+        `fleetrl.main` uses them unless its own keyword arguments set them."""
+        return dict(self._cookbook_up)
+
     @model_validator(mode="before")
     @classmethod
     def _cookbook_spellings(cls, data: Any) -> Any:
@@ -303,31 +326,20 @@ COOKBOOK_RENAMED: dict[str, str] = {
 """Cookbook field names accepted as aliases of fleetrl's (the value means the same)."""
 COOKBOOK_REFUSED: dict[str, str] = {
     "tis": "use tis_level ('token', 'sequence' or 'off') and tis_cap instead",
-    "deployment": "use tokenizer_model (top level) instead of DeployConfig.tokenizer_model; where services run is "
-    "the [up] table's business (fleetrl up / fleetrl.main options)",
-    "deploy_config": "use tokenizer_model (top level) instead of DeployConfig.tokenizer_model; where services run is "
-    "the [up] table's business (fleetrl up / fleetrl.main options)",
 }
 """Cookbook fields whose meaning differs: refused with what to write instead."""
 
 
 def cookbook_spellings(data: dict[str, Any]) -> dict[str, Any]:
     """Map the cookbook's spellings onto fleetrl's: renamed fields (COOKBOOK_RENAMED), `grad_clip_norm = 0.0` (off,
-    as None), a `deployment` table holding only `tokenizer_model`; `ValueError` naming the field otherwise."""
+    as None); `ValueError` naming the field otherwise. The cookbook's `deployment` / `trainer` / `wandb` objects
+    are `fleetrl.cookbook.cookbook_tables`'s business."""
     data = dict(data)
     for old, new in COOKBOOK_RENAMED.items():
         if old in data:
             if new in data:
                 raise ValueError(f"{old} is the cookbook's name for {new}: set one of them, not both")
             data[new] = data.pop(old)
-    deployment = data.get("deployment", data.get("deploy_config"))
-    if isinstance(deployment, dict) and set(deployment) <= {"tokenizer_model"}:
-        data.pop("deployment", None)
-        data.pop("deploy_config", None)
-        if "tokenizer_model" in deployment:
-            if data.get("tokenizer_model") not in (None, deployment["tokenizer_model"]):
-                raise ValueError("deployment.tokenizer_model and tokenizer_model disagree: set tokenizer_model only")
-            data["tokenizer_model"] = deployment["tokenizer_model"]
     for old, advice in COOKBOOK_REFUSED.items():
         if old in data:
             raise ValueError(f"{old}: not a fleetrl field; {advice}")

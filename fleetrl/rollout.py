@@ -241,6 +241,9 @@ class RolloutRun:
         if not isinstance(self.segments, list | tuple) or not self.segments:
             raise InvalidSampleError("segments", "a RolloutRun needs at least one segment")
         reward, finish_reason, text = self._reward_and_ending()
+        # RolloutSample segments may carry metrics (the cookbook's form); the run's own metrics win.
+        metrics = {k: v for seg in self.segments for k, v in (getattr(seg, "metrics", None) or {}).items()}
+        metrics.update(self.metrics)
         merged: list[RolloutSegment] = []
         for i, seg in enumerate(self.segments):
             for name in ("tokens", "logprobs", "loss_mask"):
@@ -270,7 +273,7 @@ class RolloutRun:
                 finish_reason=finish_reason if i == len(merged) - 1 else "stop",
                 text=text if i == len(merged) - 1 else "",
                 versions=seg.versions,
-                metrics=dict(self.metrics),
+                metrics=dict(metrics),
             )
             for i, seg in enumerate(merged)
         ]

@@ -1,62 +1,103 @@
 """Multi-turn, message-in rollout: answer, get feedback when wrong, try again (up to `max_turns` model turns).
 
 Rows: {"messages": [{"role": "system"|"user", "content": ...}, ...], "answer": "42"} (OpenAI-style messages).
-The conversation is kept as tokens (`trajectory.ChatTrajectory`): each turn's prompt is the previous call's full
-tokens plus the template's tokens for the feedback message, so the sample trains on exactly what the model saw and
-produced. loss_mask is 1 on assistant tokens, 0 on the prompt and feedback. Reward: `reward.compute_reward`.
+Written in the cookbook's structure (`training/examples/rl/multi_turn_message_in/rollout.py`): the conversation is
+kept as messages, and a `MessageTrajectoryAssembler` turns it into exactly the tokens the model saw and produced
+(each turn's prompt extends the last call's tokens; nothing the model generated is re-tokenized). The whole
+trajectory is one `RolloutSample` in a `RolloutRun`: loss_mask 1 on the assistant tokens of every turn, 0 on the
+prompt and the feedback. Reward: `reward.compute_reward` (a correct answer on turn t earns retry_discount**(t-1)).
 
 rollout_extras: max_turns (default 3), retry_discount (0.5), max_seq_len (stop before a turn would not fit).
-Written against the current cookbook contract: `build_deployment_sampler(setup)` and a `RolloutRun` with one
-segment per model call (each extends the last, so fleetrl trains them as one sample).
 """
 
 from __future__ import annotations
 
 from reward import compute_reward, feedback_message, is_correct
-from trajectory import ChatTrajectory, message_delta_tokens, turn_end_tokens
 
-from fleetrl import RolloutRun, RolloutSetup, build_deployment_sampler
+from fleetrl import (
+    MessageTrajectoryAssembler,
+    RolloutRun,
+    RolloutSample,
+    RolloutSetup,
+    TITOTokenizer,
+    build_deployment_sampler,
+)
 from fleetrl.rollout import RolloutFn
 
 
 def make_rollout_fn(setup: RolloutSetup) -> RolloutFn:
+    sampler = build_deployment_sampler(setup)
+    sample_kwargs = dict(setup.sample_kwargs)
+    tokenizer = setup.tokenizer
     max_turns = int(setup.extras.get("max_turns", 3))
     retry_discount = float(setup.extras.get("retry_discount", 0.5))
     max_seq_len = setup.extras.get("max_seq_len")
-    max_tokens = int(setup.sample_kwargs.get("max_tokens", 64))
+    max_tokens = int(sample_kwargs.get("max_tokens", 64))
     if max_turns < 1:
         raise ValueError(f"rollout_extras.max_turns must be >= 1, got {max_turns}")
-    turn_end = turn_end_tokens(setup.tokenizer)  # fails at start, not per rollout, when there is no chat template
-    sampler = build_deployment_sampler(setup)
-    sample_kwargs = dict(setup.sample_kwargs)
-    if turn_end and turn_end[0] in set(setup.tokenizer.all_special_ids):
+    turn_end = TITOTokenizer(tokenizer).turn_end_tokens()  # fails here, not per rollout, without a chat template
+    if turn_end and turn_end[0] in set(tokenizer.all_special_ids):
         # A reply ends at the template's end-of-turn token (<|im_end|>, <|eot_id|>, ...) even when the model's
         # generation config does not list it as an eos.
-        stops = {*sample_kwargs.get("stop_token_ids", ()), turn_end[0]}
-        sample_kwargs["stop_token_ids"] = sorted(stops)
+        sample_kwargs["stop_token_ids"] = sorted({*sample_kwargs.get("stop_token_ids", ()), turn_end[0]})
 
-    async def rollout_fn(row: dict) -> RolloutRun | None:
-        traj = ChatTrajectory.start(setup.tokenizer, row["messages"])
-        turns, correct, reply, finish_reason = 0, False, "", "stop"
-        while True:
-            (completion,) = await sampler.sample_with_prompt_tokens(traj.tokens, n=1, **sample_kwargs)
-            traj.add_completion(completion)
+    async def rollout_fn(sample_prompt: dict) -> RolloutRun | None:
+        messages = list(sample_prompt.get("messages") or [])
+        answer = sample_prompt.get("answer")
+        if not messages or answer is None:
+            return None
+
+        assembler = MessageTrajectoryAssembler(TITOTokenizer(tokenizer))
+        current_messages = messages
+        turns, correct, assistant_text, finish_reason = 0, False, "", "stop"
+
+        for turn in range(max_turns):
+            prompt_tokens = assembler.prepare_next_input(current_messages)
+            if turn > 0 and max_seq_len is not None and len(prompt_tokens) + max_tokens > int(max_seq_len):
+                break  # the next turn (its prompt and a full reply) would not fit
+            completions = await sampler.sample_with_prompt_tokens(prompt_tokens, n=1, **sample_kwargs)
+            if not completions:
+                return None
+            completion = completions[0]
+
+            output_tokens = list(completion.full_tokens[completion.prompt_len :])
+            output_logprobs = list(completion.inference_logprobs or [])
+            if not output_tokens or len(output_logprobs) != len(output_tokens):
+                return None
+
+            assistant_text = completion.text or tokenizer.decode(output_tokens)
+            finish_reason = completion.finish_reason
+            assistant_message = {"role": "assistant", "content": assistant_text}
+            assembler.add_assistant_response(
+                request_messages=current_messages,
+                assistant_message=assistant_message,
+                prompt_token_ids=prompt_tokens,
+                completion_token_ids=output_tokens,
+                completion_logprobs=output_logprobs,
+                finish_reason=finish_reason,
+            )
             turns += 1
-            reply, finish_reason = completion.text, completion.finish_reason
-            correct = is_correct(reply, row["answer"])
-            if correct or turns == max_turns:
+
+            correct = is_correct(assistant_text, answer)
+            if correct:
                 break
-            feedback = feedback_message(reply)
-            if max_seq_len is not None:
-                # The next turn must fit: context so far, end of turn, the feedback and a full reply.
-                upcoming = len(turn_end) + len(message_delta_tokens(setup.tokenizer, feedback)) + max_tokens
-                if len(traj.tokens) + upcoming > int(max_seq_len):
-                    break
-            traj.add_message(feedback)
-        if not any(traj.loss_mask[1:]):
-            return None  # the model generated nothing at all
-        reward = compute_reward(correct, turns, retry_discount)
-        metrics = {"correct": float(correct), "turns": float(turns), "first_try_correct": float(correct and turns == 1)}
-        return traj.to_run(reward, finish_reason, reply, metrics)
+            if turn + 1 < max_turns:
+                current_messages = [*current_messages, assistant_message, feedback_message(assistant_text)]
+
+        tokens, logprobs, loss_mask = assembler.trajectory.to_flat()
+        sample = RolloutSample(
+            tokens=tokens,
+            logprobs=logprobs,
+            loss_mask=loss_mask,
+            reward=compute_reward(correct, turns, retry_discount),
+            finish_reason=finish_reason,
+            text=assistant_text,
+            metrics={
+                "correct": float(correct),
+                "turns": float(turns),
+                "first_try_correct": float(correct and turns == 1),
+            },
+        )
+        return RolloutRun(segments=[sample])
 
     return rollout_fn

@@ -82,9 +82,12 @@ class UpConfig(BaseModel):
         return {} if self.inference_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.inference_gpus[index])}
 
     @classmethod
-    def from_file(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> UpConfig:
-        """The [up] table of `path`; `overrides` (from `--set up.<key>=...`, without the prefix) win."""
-        data = dict(read_config_file(path).get("up", {}))
+    def from_file(
+        cls, path: str | Path, overrides: dict[str, Any] | None = None, defaults: dict[str, Any] | None = None
+    ) -> UpConfig:
+        """The [up] table of `path` over `defaults` (what the run's cookbook tables imply, e.g. `[deployment]
+        replica_count`); `overrides` (from `--set up.<key>=...`, without the prefix) win."""
+        data = {**(defaults or {}), **read_config_file(path).get("up", {})}
         data.update(overrides or {})
         return cls.from_dict(data, source=str(path), override_keys=overrides or ())
 
@@ -106,7 +109,7 @@ def load_run_and_up(path: Path, sets: list[str]) -> tuple[Config, UpConfig, list
     up_overrides = dict(parse_override(s) for s in sets if s.strip().startswith(UP_PREFIX))
     up_overrides = {k.removeprefix(UP_PREFIX): v for k, v in up_overrides.items()}
     run = Config.from_toml(path, dict(parse_override(s) for s in run_sets))
-    return run, UpConfig.from_file(path, up_overrides), run_sets
+    return run, UpConfig.from_file(path, up_overrides, run.cookbook_up_options), run_sets
 
 
 UP_PREFIX = "up."

@@ -53,6 +53,7 @@ def main(
     from fleetrl.up.run import check_log_dir, launch
 
     run_options = {k: v for k, v in options.items() if k in Config.model_fields}
+    cookbook_up = cfg.cookbook_up_options  # DeployConfig.replica_count; main()'s own keyword arguments win
     up_options = {k: v for k, v in options.items() if k not in run_options}
     # The gateways run in this process: any callable works (a lambda, a closure, a function of __main__ or a
     # notebook); run_config.json records a label for each object, a string is a module:attr spec as in [up].
@@ -74,7 +75,7 @@ def main(
         if objects.evaluation_fn is not None and not cfg.eval_dataset:
             raise ConfigError("evaluation_fn: name the held-out rows it evaluates: Config(eval_dataset=...)")
         rollout = rollout_fn_factory if isinstance(rollout_fn_factory, str) else object_label(rollout_fn_factory)
-        up_data: dict[str, Any] = {"rollout": rollout, **up_options}
+        up_data: dict[str, Any] = {"rollout": rollout, **cookbook_up, **up_options}
         up = main_options(up_data)
         check_model_path(cfg.base_model or "", "base_model")  # "no model at PATH" now, not a service's hub error
         # Before anything is written: a refused log_path keeps the rows and config of the run it holds.

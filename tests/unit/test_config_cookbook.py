@@ -23,7 +23,7 @@ def test_off_spellings_are_accepted():
     ("data", "advice"),
     [
         ({"tis": {"level": "token"}}, "tis: not a fleetrl field; use tis_level"),
-        ({"deployment": {"tokenizer_model": "t", "replicas": 2}}, "use tokenizer_model \\(top level\\)"),
+        ({"deployment": {"tokenizer_model": "t", "replicas": 2}}, "deployment.replicas: not a field"),
     ],
 )
 def test_cookbook_fields_with_another_meaning_fail_saying_what_to_use(data, advice):

@@ -39,6 +39,15 @@ def test_a_segment_that_does_not_extend_starts_a_new_sample_with_the_run_reward(
         s.validate()
 
 
+def test_the_metrics_of_rollout_sample_segments_reach_the_samples():
+    # The cookbook's form: RolloutRun(segments=[RolloutSample(..., metrics=...)]) with no run-level metrics.
+    segment = RolloutSample([1, 2, 3], [0.0, -0.1, -0.2], [0, 1, 1], reward=1.0, metrics={"turns": 2.0})
+    (sample,) = RolloutRun(segments=[segment]).to_samples()
+    assert sample.metrics == {"turns": 2.0}
+    (sample,) = RolloutRun(segments=[segment], metrics={"turns": 3.0, "correct": 1.0}).to_samples()
+    assert sample.metrics == {"turns": 3.0, "correct": 1.0}  # the run's own metrics win
+
+
 def test_return_types_known_and_unknown():
     s = RolloutSample([1, 2], [0.0, -0.1], [0, 1], 1.0)
     assert rollout_result_samples(None) is None and rollout_result_samples(s) == [s]

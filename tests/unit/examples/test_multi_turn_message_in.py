@@ -1,4 +1,5 @@
-"""examples/multi_turn_message_in: the token bookkeeping of the retry loop (no re-tokenization drift) and the reward."""
+"""examples/multi_turn_message_in: the retry loop's tokens through `MessageTrajectoryAssembler` (no re-tokenization
+drift) and the reward."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from fleetrl import RolloutSetup
+from fleetrl.message_trajectory import TITOTokenizer, missing_turn_end
 from fleetrl.rollout import rollout_result_samples
 from tests.unit.examples.helpers import ScriptedSampler, generated_spans, load_example_module
 
-trajectory = load_example_module("multi_turn_message_in", "trajectory")
 reward = load_example_module("multi_turn_message_in", "reward")
 rollout = load_example_module("multi_turn_message_in", "rollout")
 
@@ -77,7 +78,7 @@ def test_the_trajectory_is_each_calls_prompt_and_generated_tokens_concatenated(t
     for call, (s, g) in enumerate(zip(starts, generated, strict=True)):
         assert sample.logprobs[s : s + len(g)] == [-(call + 1) - 0.01 * i for i in range(len(g))]
     assert all(lp == 0.0 for lp, m in zip(sample.logprobs, sample.loss_mask, strict=True) if not m)
-    assert sample.versions == [3] * len(sample.tokens)
+    assert sample.versions is None  # as in the cookbook: the controller bounds staleness by the lease's version
     assert sample.reward == pytest.approx(0.25)  # correct on the third turn: 0.5 ** 2
     assert sample.metrics == {"correct": 1.0, "turns": 3.0, "first_try_correct": 0.0}
     assert sample.text == "42"
@@ -97,9 +98,8 @@ def test_appended_turns_are_the_tokens_the_chat_template_writes(tokenizer):
     ]
     rendered = tokenizer.apply_chat_template(conversation, tokenize=False)
     # The trajectory stops at the model's <|im_end|>; the template's turn ends with "<|im_end|>\n".
-    assert sample.tokens + trajectory.missing_turn_end(sample.tokens, trajectory.turn_end_tokens(tokenizer)) == enc(
-        tokenizer, rendered
-    )
+    turn_end = TITOTokenizer(tokenizer).turn_end_tokens()
+    assert sample.tokens + missing_turn_end(sample.tokens, turn_end) == enc(tokenizer, rendered)
 
 
 def test_generated_tokens_are_kept_verbatim_where_re_tokenizing_would_drift(tokenizer):
@@ -137,7 +137,7 @@ def test_a_reply_cut_by_max_tokens_gets_the_whole_turn_end(tokenizer):
     truncated = enc(tokenizer, "The answer might be")  # no <|im_end|>: finish_reason "length"
     sample, sampler = run_rollout(tokenizer, [truncated, turn(tokenizer, "42")], max_turns=2)
     after = sampler.prompts[1][len(sampler.prompts[0]) + len(truncated) :]
-    assert after[:2] == trajectory.turn_end_tokens(tokenizer) == [im_end(tokenizer), enc(tokenizer, "\n")[0]]
+    assert after[:2] == TITOTokenizer(tokenizer).turn_end_tokens() == [im_end(tokenizer), enc(tokenizer, "\n")[0]]
     assert sample.reward == 0.5
 
 
@@ -150,42 +150,18 @@ def test_a_right_first_answer_ends_the_rollout(tokenizer):
 
 def test_stops_before_a_turn_that_would_not_fit_max_seq_len(tokenizer):
     replies = [turn(tokenizer, "41")] * 3
-    prompt_len = len(trajectory.ChatTrajectory.start(tokenizer, MESSAGES).tokens)
+    prompt_len = len(TITOTokenizer(tokenizer).render_initial_prompt(MESSAGES))
     sample, sampler = run_rollout(tokenizer, replies, max_turns=3, max_seq_len=prompt_len + 40)
     assert len(sampler.prompts) == 1
     assert sample.reward == 0.0 and sample.metrics["turns"] == 1.0
     assert len(sample.tokens) <= prompt_len + 40
 
 
-def test_missing_turn_end():
-    turn_end = [2, 201]
-    assert trajectory.missing_turn_end([5, 6, 2], turn_end) == [201]
-    assert trajectory.missing_turn_end([5, 6, 2, 201], turn_end) == []
-    assert trajectory.missing_turn_end([5, 6], turn_end) == [2, 201]
-    assert trajectory.missing_turn_end([], turn_end) == [2, 201]
-
-
-def test_template_pieces(tokenizer):
-    assert tokenizer.decode(trajectory.turn_end_tokens(tokenizer)) == "<|im_end|>\n"
-    delta = trajectory.message_delta_tokens(tokenizer, {"role": "user", "content": "again"})
-    assert tokenizer.decode(delta) == "<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n"
-
-
-def test_a_completion_from_other_tokens_or_a_message_before_any_reply_is_refused(tokenizer):
-    traj = trajectory.ChatTrajectory.start(tokenizer, MESSAGES)
-    with pytest.raises(ValueError, match="follows an assistant turn"):
-        traj.add_message({"role": "user", "content": "hi"})
-    sampler = ScriptedSampler(tokenizer, [[22, 20]])
-    (completion,) = asyncio.run(sampler.sample_with_prompt_tokens(traj.tokens[:-1]))
-    with pytest.raises(ValueError, match="not sampled from this trajectory"):
-        traj.add_completion(completion)
-
-
 def test_a_tokenizer_without_chat_template_fails_at_setup(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="no chat template"):
-        rollout.make_rollout_fn(RolloutSetup(tokenizer=tokenizer, sampler=None))
+        rollout.make_rollout_fn(RolloutSetup(tokenizer=tokenizer, sampler=ScriptedSampler(tokenizer, [])))
 
 
 @pytest.mark.parametrize(
