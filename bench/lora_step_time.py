@@ -24,23 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SIZES = {
-    # name: (model shape for build_tiny_model, groups P, samples per group G, prompt range, completion range)
-    "tiny": (
-        dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
-        4,
-        8,
-        (32, 64),
-        (64, 128),
-    ),
-    "100m": (
-        dict(hidden_size=768, num_layers=16, num_heads=12, num_kv_heads=4, intermediate_size=2048),
-        2,
-        4,
-        (32, 64),
-        (64, 128),
-    ),
-}
+from trainer_sizes import SIZES, bench_config
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -53,7 +37,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _bench_size(name: str, rank: int, rounds: int, workdir: Path) -> dict:
-    from fleetrl import Config
     from fleetrl.groups import RolloutGroup
     from fleetrl.tiny_model import build_tiny_model
     from fleetrl.trainer import PolicyTrainer
@@ -63,20 +46,7 @@ def _bench_size(name: str, rank: int, rounds: int, workdir: Path) -> dict:
     model_dir = build_tiny_model(workdir / name, **shape)
 
     def trainer(lora_rank: int) -> PolicyTrainer:
-        cfg = Config(
-            base_model=str(model_dir),
-            log_path=str(workdir / f"{name}-r{lora_rank}"),
-            completions_per_prompt=G,
-            prompt_groups_per_step=P,
-            max_completion_tokens=completion_len[1],
-            max_seq_len=prompt_len[1] + completion_len[1] + 1,
-            policy_loss="grpo",
-            kl_beta=0.0,
-            weight_sync_interval=0,
-            stale_policy="train",
-            learning_rate=1e-5,
-            lora_rank=lora_rank,
-        )
+        cfg = bench_config(model_dir, workdir / f"{name}-r{lora_rank}", name, lora_rank=lora_rank)
         return PolicyTrainer(cfg)
 
     trainers = {"full": trainer(0), "lora": trainer(rank)}

@@ -27,23 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SIZES = {
-    # name: (model shape for build_tiny_model, groups P, samples per group G, prompt range, completion range)
-    "tiny": (
-        dict(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128),
-        4,
-        8,
-        (32, 64),
-        (64, 128),
-    ),
-    "50m": (
-        dict(hidden_size=768, num_layers=8, num_heads=12, num_kv_heads=4, intermediate_size=2048),
-        2,
-        4,
-        (32, 64),
-        (64, 128),
-    ),
-}
+from trainer_sizes import SIZES, bench_config
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -57,7 +41,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _bench_size(name: str, rounds: int, workdir: Path) -> dict:
     import torch
 
-    from fleetrl import Config
     from fleetrl.datum import gather_target_logprobs, samples_to_batch
     from fleetrl.groups import RolloutGroup
     from fleetrl.losses import policy_loss
@@ -69,18 +52,7 @@ def _bench_size(name: str, rounds: int, workdir: Path) -> dict:
 
     shape, P, G, prompt_len, completion_len = SIZES[name]
     model_dir = build_tiny_model(workdir / name, **shape)
-    cfg = Config(
-        base_model=str(model_dir),
-        log_path=str(workdir / f"{name}-run"),
-        completions_per_prompt=G,
-        prompt_groups_per_step=P,
-        max_completion_tokens=completion_len[1],
-        max_seq_len=prompt_len[1] + completion_len[1] + 1,
-        policy_loss="grpo",
-        kl_beta=0.0,
-        weight_sync_interval=0,
-        learning_rate=1e-5,
-    )
+    cfg = bench_config(model_dir, workdir / f"{name}-run", name)
     trainer = PolicyTrainer(cfg)
     n_params = sum(p.numel() for p in trainer.model.parameters())
     groups = synthetic_groups(
