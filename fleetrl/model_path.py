@@ -8,6 +8,8 @@ more than one `/`, or has characters a hub id cannot. `org/name` that is no loca
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 from pathlib import Path
 
@@ -38,3 +40,19 @@ def check_model_path(name: str, field: str | None = None) -> None:
     message = missing_model_path(name)
     if message is not None:
         raise ModelNotFoundError(f"{field}: {message}" if field else message)
+
+
+def adapter_instead_of_model(name: str) -> str | None:
+    """The message for a local folder that holds a PEFT adapter rather than a model (`adapter_config.json` and no
+    `config.json`), else None: such a folder is not a base model, and loading it as one trained nothing before."""
+    path = Path(name).expanduser() if name else None
+    if path is None or not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return None
+    base = ""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # the hint is optional
+        base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    base_hint = f"its base model ({base})" if base else "its base model"
+    return (
+        f"{name} is a PEFT adapter (adapter_config.json), not a model: set base_model to {base_hint} and "
+        f"warm_start_from_adapter = {name!r} with lora_rank equal to the adapter's rank"
+    )

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from fleetrl.datum import gather_target_logprobs
-from fleetrl.model_path import check_model_path
+from fleetrl.model_path import adapter_instead_of_model, check_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,9 @@ def load_causal_lm(
 
     if not path:
         raise ValueError("base_model is empty: give the path (or hub id) of an HF causal LM")
+    adapter = adapter_instead_of_model(path)
+    if adapter is not None:
+        raise ValueError(f"base_model: {adapter}")
     check_model_path(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype))

@@ -33,7 +33,7 @@ from typing import Any
 
 from fleetrl.config import Config, ConfigError, check_warm_start_adapter
 from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
-from fleetrl.model_path import ModelNotFoundError, check_model_path
+from fleetrl.model_path import ModelNotFoundError, adapter_instead_of_model, check_model_path
 from fleetrl.trackers import TrackerError, check_trackers_available
 from fleetrl.up.auth import run_auth_token
 from fleetrl.up.config import UpConfig, load_run_and_up
@@ -423,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("run.base_model: the model to train is required")
         if up.controller_address is None:
             check_model_path(run.base_model, "run.base_model")
+            if (adapter := adapter_instead_of_model(run.base_model)) is not None:
+                raise ConfigError(f"run.base_model: {adapter}")
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
             check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts

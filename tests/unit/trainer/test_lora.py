@@ -205,3 +205,14 @@ def test_warm_start_from_an_adapter(tiny_model_dir, tmp_path, groups):
     assert all(p.requires_grad for n, p in second.model.named_parameters() if "lora_" in n)
     second.train_step(groups[2:])  # it trains on from there
     assert any(not torch.equal(_adapter_params(second)[n], v) for n, v in _adapter_params(first).items())
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_an_adapter_given_as_base_model_is_refused_naming_what_to_set(tiny_model_dir, tmp_path, groups, lora):
+    # Issue 14: a PEFT adapter as base_model failed with "optimizer got an empty parameter list" (full) or a PEFT
+    # NoMatchingPeftModuleError (LoRA).
+    first = PolicyTrainer(make_cfg(tiny_model_dir, tmp_path / "a", **LORA))
+    _, adapter = first.finish()
+    extra = LORA if lora else {}
+    with pytest.raises(ValueError, match=r"base_model: .* is a PEFT adapter .*warm_start_from_adapter"):
+        PolicyTrainer(make_cfg(str(adapter), tmp_path / "b", **extra))
