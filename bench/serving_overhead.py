@@ -54,7 +54,7 @@ async def _timed(calls) -> tuple[int, float, float]:
 async def run(args: argparse.Namespace, model_dir: str) -> dict:
     import torch
 
-    from fleetrl.services.inference.client import InferenceClient
+    from fleetrl.clients.inference import InferenceClient
     from fleetrl.services.inference.config import InferenceConfig
     from fleetrl.services.inference.engine import SamplingRequest
     from fleetrl.services.inference.server import create_server, make_engine

@@ -14,7 +14,7 @@ import argparse
 import asyncio
 import sys
 
-from fleetrl.launch_args import add_run_config_args, drop_unset, run_config_from_args
+from fleetrl.shell.args import add_run_config_args, drop_unset, run_config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:

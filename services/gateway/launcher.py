@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from fleetrl.exit_codes import EXIT_USER_CODE
-from fleetrl.launch_args import add_run_config_args, drop_unset, run_config_from_args
+from fleetrl.shell.args import add_run_config_args, drop_unset, run_config_from_args
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any
 
 import grpc
 
+from fleetrl.clients.inference import InferenceClient
+from fleetrl.clients.inference_types import SamplingRequest
 from fleetrl.sampling_seed import next_rollout_seed
-from fleetrl.services.inference.client import InferenceClient
-from fleetrl.services.inference.engine import SamplingRequest
 
 log = logging.getLogger(__name__)
 REPLICA_DROPPED = "replica left the routable set"

@@ -13,90 +13,31 @@ logprob, and greedy samples are not for training anyway.
 
 from __future__ import annotations
 
-import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-FINISH_STOP = "stop"
-FINISH_LENGTH = "length"
+from fleetrl.clients.inference_types import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Completion,
+    EngineError,
+    LoadResult,
+    SamplingRequest,
+    WeightLoadError,
+)
 
-
-class WeightLoadError(RuntimeError):
-    """A weight load was rejected (transfer failed, checksum, unknown name, wrong shape/dtype, ...).
-
-    The engine keeps serving the version it had before the call.
-    """
-
-
-class EngineError(RuntimeError):
-    """The engine failed to serve a request for a reason other than bad input."""
-
-
-@dataclass(frozen=True)
-class SamplingRequest:
-    """One generate call: n completions of one prompt."""
-
-    prompt_token_ids: list[int]
-    n: int = 1
-    max_tokens: int = 64
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0  # 1.0 = off: the full distribution by default
-    top_k: int = 0  # 0 = off
-    stop_token_ids: tuple[int, ...] = ()  # the tokenizer's eos is always a stop token as well
-    seed: int | None = None  # completion i of a seeded request uses seed + i
-    ignore_eos: bool = False  # keep generating past eos (benchmarks want fixed lengths)
-
-    def validate(self, vocab_size: int | None = None, max_model_len: int | None = None) -> None:
-        """Raise ValueError naming the offending field."""
-        if not self.prompt_token_ids:
-            raise ValueError("prompt_token_ids must not be empty")
-        if vocab_size is not None:
-            bad = [t for t in self.prompt_token_ids if not 0 <= t < vocab_size]
-            if bad:
-                raise ValueError(f"prompt_token_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-            bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
-            if bad:
-                raise ValueError(f"stop_token_ids contains ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
-        elif any(t < 0 for t in self.prompt_token_ids):
-            raise ValueError("prompt_token_ids must be non-negative")
-        if not 1 <= self.n <= 1024:
-            raise ValueError(f"n must be in [1, 1024], got {self.n}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if max_model_len is not None and len(self.prompt_token_ids) + self.max_tokens > max_model_len:
-            raise ValueError(
-                f"prompt length ({len(self.prompt_token_ids)}) + max_tokens ({self.max_tokens}) exceeds "
-                f"the model's max length {max_model_len}"
-            )
-        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
-
-
-@dataclass
-class Completion:
-    """One generated continuation of the prompt."""
-
-    token_ids: list[int]  # generated tokens only (a stop token that ended it is included)
-    logprobs: list[float]  # one per generated token, under the distribution actually sampled from
-    finish_reason: str  # "stop" | "length"
-    prompt_len: int
-    versions: list[int] = field(default_factory=list)  # policy version that produced each token
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """What a successful weight load did."""
-
-    version: int
-    checksum: str
-    transfer_s: float  # fetching + verifying the bytes (generation kept running)
-    pause_s: float  # time generation was stopped for the swap
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "Completion",
+    "EngineError",
+    "EngineStats",
+    "InferenceEngine",
+    "LoadResult",
+    "SamplingRequest",
+    "WeightLoadError",
+    "check_state_dict_matches",
+]
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import grpc
 from prometheus_client import CollectorRegistry
 
+from fleetrl.clients.inference_proto import completions_to_proto, request_from_proto
 from fleetrl.membership import keep_registered
 from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import EngineError, InferenceEngine, WeightLoadError
 from fleetrl.services.inference.metrics import InferenceMetrics
-from fleetrl.services.inference.protocol import completions_to_proto, request_from_proto
 from fleetrl.telemetry import MetricsServer, start_metrics_server
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 

@@ -36,11 +36,11 @@ from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
 from fleetrl.services.trainer.config import TrainerServiceConfig
 from fleetrl.services.trainer.metrics import TrainerMetrics
-from fleetrl.services.trainer.reference import make_reference_fn
 from fleetrl.telemetry import MetricsServer, start_metrics_server
 from fleetrl.trainer import DistContext, PolicyTrainer, StepError, StepResult
 from fleetrl.trainer.buffer import GroupBuffer, GroupKey, GroupRef, MissingGroupsError
 from fleetrl.trainer.checkpoint import checkpoint_path, latest_checkpoint
+from fleetrl.trainer.reference_source import make_reference_fn
 from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
 from fleetrl.weights import WeightPublisher
 

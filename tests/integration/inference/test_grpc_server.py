@@ -8,12 +8,12 @@ import grpc
 import pytest
 from transformers import AutoModelForCausalLM
 
+from fleetrl.clients.inference import InferenceClient
+from fleetrl.clients.inference_proto import completions_from_proto
 from fleetrl.rpc import check_health, open_channel
-from fleetrl.services.inference.client import InferenceClient
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.services.inference.hf_engine import HFEngine
-from fleetrl.services.inference.protocol import completions_from_proto
 from fleetrl.services.inference.server import create_server
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 from fleetrl.weights import WeightPublisher

@@ -17,8 +17,8 @@ pytest.importorskip("vllm")
 import openai
 from transformers import AutoTokenizer
 
+from fleetrl.clients.inference import InferenceClient
 from fleetrl.rpc import check_health, open_channel
-from fleetrl.services.inference.client import InferenceClient
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 from fleetrl.services.inference.server import create_server

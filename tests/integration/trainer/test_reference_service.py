@@ -11,11 +11,11 @@ import grpc
 import pytest
 import torch
 
+from fleetrl.clients.reference import ReferenceClient
 from fleetrl.rpc import check_health, open_channel
-from fleetrl.services.reference.client import ReferenceClient
-from fleetrl.services.trainer.reference import make_reference_fn
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer.model import load_causal_lm, target_logprobs
+from fleetrl.trainer.reference_source import make_reference_fn
 from tests.integration.trainer.conftest import service_process
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 

@@ -10,9 +10,9 @@ UNAVAILABLE (engine down), UNAUTHENTICATED (token).
 
 from __future__ import annotations
 
+from fleetrl.clients.inference_proto import completions_from_proto, request_to_proto
+from fleetrl.clients.inference_types import Completion, LoadResult, SamplingRequest
 from fleetrl.rpc import DEFAULT_MAX_MESSAGE_MB, open_channel
-from fleetrl.services.inference.engine import Completion, LoadResult, SamplingRequest
-from fleetrl.services.inference.protocol import completions_from_proto, request_to_proto
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 
 

@@ -54,7 +54,7 @@ def make_reference_fn(
 
         return local
 
-    from fleetrl.services.reference.client import ReferenceClient
+    from fleetrl.clients.reference import ReferenceClient
 
     loop = LoopThread()
 

@@ -7,7 +7,7 @@ unset temperature/top_p -> 1.0, unset seed -> None.
 
 from __future__ import annotations
 
-from fleetrl.services.inference.engine import Completion, SamplingRequest
+from fleetrl.clients.inference_types import Completion, SamplingRequest
 from fleetrl.v1 import inference_pb2
 
 
