@@ -40,7 +40,7 @@ def run_mode(model: str, work: Path, name: str, run_extra: dict, steps: int, lat
     config = work / f"{name}.json"
     config.write_text(json.dumps({"run": run, "up": up}))
     result = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config)], cwd=REPO, capture_output=True, text=True, timeout=900
+        [sys.executable, "-m", "fleetrl", "up", str(config)], cwd=REPO, capture_output=True, text=True, timeout=900
     )
     if result.returncode != 0:
         raise SystemExit(f"{name} failed:\n{result.stderr[-3000:]}")

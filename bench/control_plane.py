@@ -58,7 +58,7 @@ class InstantInference(inference_pb2_grpc.InferenceServicer):
 
 
 def serve_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "fleetrl.cli", "serve", *args]
+    return [sys.executable, "-m", "fleetrl", "serve", *args]
 
 
 async def run(groups_per_step: int, group_size: int, steps: int, offpolicy: int, rows_in_flight: int) -> dict:

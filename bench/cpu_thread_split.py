@@ -33,7 +33,7 @@ def run_once(mode: str, split: bool) -> dict:
     env.pop("OMP_NUM_THREADS", None)
     if not split:
         env["OMP_NUM_THREADS"] = str(len(os.sched_getaffinity(0)))
-    argv = [sys.executable, "-m", "fleetrl.cli", "up", "examples/arithmetic/run.toml", "--set", f"log_path={log_path}"]
+    argv = [sys.executable, "-m", "fleetrl", "up", "examples/arithmetic/run.toml", "--set", f"log_path={log_path}"]
     argv.append("--overwrite")  # a re-run of the benchmark replaces its earlier run
     started = time.monotonic()
     subprocess.run([*argv, *MODES[mode]], cwd=REPO, env=env, check=True, capture_output=True, timeout=1800)

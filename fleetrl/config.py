@@ -62,7 +62,11 @@ class Config(BaseModel):
     )
 
     # --- data ---
-    dataset: str | None = Field(None, description="Prompt rows: a JSONL or Parquet file (or rows via main()).")
+    dataset: str | None = Field(
+        None,
+        description="Prompt rows: a JSONL or Parquet file, a save_to_disk folder or a cached hub id, memory-mapped "
+        "through HF datasets (or rows via main()).",
+    )
     max_rows: int | None = Field(None, ge=1, description="Use at most this many dataset rows.")
     epochs: int = Field(1, ge=1, description="Passes over the dataset.")
     shuffle: bool = Field(True, description="Shuffle rows each epoch (seeded).")
@@ -144,7 +148,9 @@ class Config(BaseModel):
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
     evaluation_interval: int = Field(0, ge=0, description="Evaluate every N steps; 0 = start/end.")
-    eval_dataset: str | None = Field(None, description="Held-out rows (JSONL or Parquet) for the evaluation hook.")
+    eval_dataset: str | None = Field(
+        None, description="Held-out rows for the evaluation hook (the same sources as dataset)."
+    )
 
     # --- experiment trackers and sample logging (docs/trackers.md; wandb/tensorboard/mlflow need the `trackers` extra)
     loggers: list[str] = Field(

@@ -31,13 +31,23 @@ class Datum:
 
 def build_datum(sample: RolloutSample) -> Datum:
     """Shift a sample by one position: inputs `tokens[:-1]`, targets and weights from position 1."""
-    tokens = sample.tokens
+    return shift_datum(sample.tokens, sample.logprobs, sample.loss_mask, sample.versions)
+
+
+def shift_datum(
+    tokens: Sequence[int],
+    logprobs: Sequence[float],
+    loss_mask: Sequence[int],
+    versions: Sequence[int] | None = None,
+) -> Datum:
+    """The shift itself, on a sample's per-token lists (what the trainer's ranks receive in a broadcast):
+    the one implementation `build_datum` uses too."""
     return Datum(
         input_tokens=list(tokens[:-1]),
         target_tokens=list(tokens[1:]),
-        weights=[int(m) for m in sample.loss_mask[1:]],
-        rollout_logprobs=[float(x) for x in sample.logprobs[1:]],
-        versions=None if sample.versions is None else list(sample.versions[1:]),
+        weights=[int(m) for m in loss_mask[1:]],
+        rollout_logprobs=[float(x) for x in logprobs[1:]],
+        versions=None if versions is None else list(versions[1:]),
     )
 
 

@@ -25,7 +25,11 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetrl.config import Config
+    from fleetrl.sampler import SamplerLike
 
 
 class InvalidSampleError(ValueError):
@@ -146,7 +150,7 @@ class RolloutSetup:
     Attributes:
         tokenizer: the run's tokenizer (a transformers tokenizer), for chat templates and decoding.
         sampler: the inference client (filled by the gateway), with the Fireworks-cookbook interface
-            `sample_with_prompt_tokens(...)` / `sample_with_tokens(messages=...)`.
+            `sample_with_prompt_tokens(...)` / `sample_with_tokens(messages=...)` (`fleetrl.sampler.SamplerLike`).
         sample_kwargs: the run's sampling settings (max_tokens, temperature, top_p, top_k).
         completions_per_prompt: G, the group size.
         extras: free-form values from the config (`rollout_extras`).
@@ -154,11 +158,24 @@ class RolloutSetup:
     """
 
     tokenizer: Any = None
-    sampler: Any = None
+    sampler: SamplerLike | None = None
     sample_kwargs: dict[str, Any] = field(default_factory=dict)
     completions_per_prompt: int = 2
     extras: dict[str, Any] = field(default_factory=dict)
     max_seq_len: int | None = None
+
+    @classmethod
+    def for_run(cls, run: Config, tokenizer: Any, sampler: SamplerLike) -> RolloutSetup:
+        """The setup every gateway (and `fleetrl eval`) hands the rollout factory: the run's settings around
+        `tokenizer` and `sampler`."""
+        return cls(
+            tokenizer=tokenizer,
+            sampler=sampler,
+            sample_kwargs=dict(run.sample_kwargs),
+            completions_per_prompt=run.completions_per_prompt,
+            extras=dict(run.rollout_extras),
+            max_seq_len=run.max_seq_len,
+        )
 
 
 class RolloutReturnTypeError(TypeError):

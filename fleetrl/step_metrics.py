@@ -5,7 +5,7 @@ samples trained, after the gateways' dynamic filter), `rollout/response_length/m
 `env/all/<metric>` (a sample metric already named `env/<tag>/<metric>` is kept as it is),
 `async/version_offset_mean|max|min`. `reward_filter_metrics` adds `rollout/raw_reward` and
 `rollout/filter_ratio` from the groups the dynamic filter refused. Pure: the caller adds the trainer's and timing
-figures.
+figures (the controller's whole step line is built by fleetrl.controller.step_line).
 """
 
 from __future__ import annotations

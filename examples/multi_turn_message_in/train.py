@@ -25,8 +25,8 @@ from typing import Any
 from rollout import make_rollout_fn
 
 from fleetrl import Config, DeployConfig, TrainerConfig, WandBConfig, main
+from fleetrl.commands.recipe import write_rows
 from fleetrl.config import parse_override
-from fleetrl.recipe_cli import write_rows
 
 SYSTEM_PROMPT = "You are a careful calculator. Think briefly, then end your reply with the answer as a number."
 

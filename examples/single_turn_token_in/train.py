@@ -18,7 +18,7 @@ from typing import Any
 
 import fleetrl
 from fleetrl import Config
-from fleetrl.recipe_cli import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
+from fleetrl.commands.recipe import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
 
 HERE = Path(__file__).resolve().parent
 # A file path, so the gateway processes load the factory whatever their working directory and sys.path.

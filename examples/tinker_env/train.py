@@ -17,7 +17,7 @@ from typing import Any
 
 import fleetrl
 from fleetrl import Config
-from fleetrl.recipe_cli import add_run_args, add_up_args, recipe_config, up_options
+from fleetrl.commands.recipe import add_run_args, add_up_args, recipe_config, up_options
 from fleetrl.tinker import dataset_rows
 
 HERE = Path(__file__).resolve().parent

@@ -6,12 +6,15 @@ row that is leased, lost and requeued keeps its id and the trainer can deduplica
 
 from __future__ import annotations
 
-import json
-import random
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from fleetrl.controller.rows import load_jsonl_rows, open_rows, shuffled_order
+
+__all__ = ["CursorPosition", "DatasetCursor", "load_jsonl_rows", "load_rows"]
 
 
 @dataclass(frozen=True)
@@ -22,51 +25,11 @@ class CursorPosition:
     index: int = 0
 
 
-def load_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
-    """Read a dataset of rows (dicts): JSONL, or Parquet (`.parquet`, as verl's data scripts write; needs
-    pyarrow: `pip install 'fleetrl[parquet]'`). Nested columns (chat messages, a `reward_model` struct) come back
-    as lists and dicts."""
-    if Path(path).suffix.lower() == ".parquet":
-        return load_parquet_rows(path, max_rows)
-    return load_jsonl_rows(path, max_rows)
-
-
-def load_parquet_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ValueError(f"{path}: reading Parquet needs pyarrow: pip install 'fleetrl[parquet]'") from None
-    try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"{path}: not a readable Parquet file: {exc}") from None
-    if max_rows is not None:
-        table = table.slice(0, max_rows)
-    rows = table.to_pylist()
-    if not rows:
-        raise ValueError(f"{path}: the dataset has no rows")
-    return rows
-
-
-def load_jsonl_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
-    """Read a JSONL dataset; a bad line fails with its line number."""
-    rows: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each row must be a JSON object")
-            rows.append(row)
-            if max_rows is not None and len(rows) >= max_rows:
-                break
-    if not rows:
-        raise ValueError(f"{path}: the dataset has no rows")
-    return rows
+def load_rows(path: str | Path, max_rows: int | None = None) -> Sequence[dict[str, Any]]:
+    """The rows of a dataset: JSONL, Parquet, a `save_to_disk` folder or a cached hub id, memory-mapped through HF
+    `datasets` (fleetrl/controller/rows.py). Nested columns (chat messages, a `reward_model` struct) come back as
+    lists and dicts."""
+    return open_rows(path, max_rows)
 
 
 class DatasetCursor:
@@ -84,19 +47,18 @@ class DatasetCursor:
             raise ValueError("dataset: no rows")
         if epochs < 1:
             raise ValueError(f"epochs must be >= 1, got {epochs}")
-        self.rows = list(rows)
+        self.rows = rows  # not copied: a memory-mapped dataset stays on disk
         self.epochs = epochs
         self.shuffle = shuffle
         self.seed = seed
         self.position = position or CursorPosition()
         self._order_epoch = -1
-        self._order: list[int] = []
+        self._order: array | range = range(0)
 
-    def _order_for(self, epoch: int) -> list[int]:
+    def _order_for(self, epoch: int) -> array | range:
         if epoch != self._order_epoch:
-            order = list(range(len(self.rows)))
-            if self.shuffle:
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            size = len(self.rows)
+            order = shuffled_order(size, self.seed * 1_000_003 + epoch) if self.shuffle else range(size)
             self._order_epoch, self._order = epoch, order
         return self._order
 

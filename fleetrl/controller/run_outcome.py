@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# The gateway's reasons for dropping a sample (fleetrl.gateway.groups), in the order that breaks a tie.
+# The gateway's reasons for dropping a sample (fleetrl.gateway.assembly.DROP_REASONS), in the order that breaks a tie.
 DROP_CAUSES = ("too_long", "none", "error", "invalid")
 FILTERED = "filter"  # the dynamic filter refused the group (e.g. every reward equal)
 FEW_SAMPLES = "few_samples"  # too few samples and none of them dropped for a known reason

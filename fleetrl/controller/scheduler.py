@@ -19,11 +19,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetrl.controller.dataset import CursorPosition, DatasetCursor
 from fleetrl.controller.journal import Journal
+from fleetrl.controller.run_outcome import rejection_cause
 from fleetrl.gate import OffPolicyGate
 
 log = logging.getLogger(__name__)
@@ -88,7 +90,7 @@ class RowScheduler:
         *,
         prompt_groups_per_step: int,
         stale_policy: Literal["requeue", "train"] = "requeue",
-        lease_timeout_s: float = 300.0,
+        lease_timeout_s: float = 600.0,  # ControllerConfig.lease_timeout_s's default
         max_attempts: int = 3,
         journal: Journal | None = None,
         max_steps: int | None = None,
@@ -215,6 +217,18 @@ class RowScheduler:
             raise ValueError(f"unknown outcome {outcome!r}; expected accepted, rejected or failed")
         self._commit()
         return result
+
+    def count_dropped(self, why: str, count: int) -> None:
+        """A gateway dropped `count` samples of a reported row for `why` (a key of RowReport.samples_dropped):
+        counted under `samples_dropped_<why>`."""
+        key = f"samples_dropped_{why}"
+        self.counters[key] = self.counters.get(key, 0) + count
+
+    def count_rejection(self, samples_dropped: Mapping[str, int], reason: str = "") -> None:
+        """A row whose report was taken as rejected, counted once under its cause (`rows_rejected_<cause>`,
+        fleetrl.controller.run_outcome.rejection_cause), so a run that trains nothing can say why."""
+        key = f"rows_rejected_{rejection_cause(samples_dropped, reason)}"
+        self.counters[key] = self.counters.get(key, 0) + 1
 
     def _accept(self, lease: Lease, min_version: int | None) -> str:
         # The step this group would join, and the version that step trains against.

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from fleetrl import metric_names as mn
-from fleetrl.datum import Datum, build_datum
+from fleetrl.datum import Datum, build_datum, shift_datum
 from fleetrl.groups import RolloutGroup
 from fleetrl.losses import resolve_loss_settings
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
@@ -83,10 +83,6 @@ class PublishInfo:
     version: int
     seconds: float
     checksum: str = ""
-
-
-def _datum(tokens: list[int], logprobs: list[float], mask: list[int]) -> Datum:
-    return Datum(tokens[:-1], tokens[1:], mask[1:], logprobs[1:])
 
 
 class PolicyTrainer:
@@ -263,6 +259,7 @@ class PolicyTrainer:
             "op": "train",
             "step": step,
             "lengths": [len(s.tokens) for s in batch.samples],
+            "versioned": [s.versions is not None for s in batch.samples],
             "has_ref": ref_future is not None and self.ctx.enabled,
             "data_position": data_position,
         }
@@ -378,6 +375,7 @@ class PolicyTrainer:
             datums = [build_datum(s) for s in batch.samples]
             return datums, torch.tensor(batch.advantages, dtype=torch.float32), ref_rows
         lengths = header["lengths"]
+        versioned = header["versioned"]  # which samples carry per-token policy versions
         total = sum(lengths)
         if self.ctx.is_main:
             assert batch is not None
@@ -390,6 +388,10 @@ class PolicyTrainer:
             if header["has_ref"]:
                 assert ref is not None
                 flat["ref"] = torch.tensor([x for lp in ref for x in lp], dtype=torch.float32)
+            if any(versioned):
+                flat["versions"] = torch.tensor(
+                    [v for s in batch.samples if s.versions is not None for v in s.versions], dtype=torch.long
+                )
         else:
             flat = None
         specs = {
@@ -400,11 +402,20 @@ class PolicyTrainer:
         }
         if header["has_ref"]:
             specs["ref"] = (torch.float32, total - len(lengths))
+        if any(versioned):
+            specs["versions"] = (torch.long, sum(n for n, v in zip(lengths, versioned, strict=True) if v))
         flat = fdist.broadcast_tensors(flat, specs, self.ctx)
         tokens = flat["tokens"].split(lengths)
         logprobs = flat["logprobs"].split(lengths)
         masks = flat["mask"].split(lengths)
-        datums = [_datum(t.tolist(), lp.tolist(), m.tolist()) for t, lp, m in zip(tokens, logprobs, masks, strict=True)]
+        versions: list[list[int] | None] = [None] * len(lengths)
+        if any(versioned):
+            rows = iter(flat["versions"].split([n for n, v in zip(lengths, versioned, strict=True) if v]))
+            versions = [next(rows).tolist() if v else None for v in versioned]
+        datums = [
+            shift_datum(t.tolist(), lp.tolist(), m.tolist(), v)
+            for t, lp, m, v in zip(tokens, logprobs, masks, versions, strict=True)
+        ]
         ref_rows = None
         if header["has_ref"]:
             ref_rows = list(flat["ref"].split([n - 1 for n in lengths]))

@@ -37,7 +37,7 @@ async def evaluate_with(
     from transformers import AutoTokenizer
 
     from fleetrl.controller.dataset import load_rows
-    from fleetrl.services.gateway.sampler import Sampler
+    from fleetrl.sampler import Sampler
     from fleetrl.user_code import load_object
 
     evaluation_fn = load_object(evaluation)
@@ -46,14 +46,7 @@ async def evaluate_with(
     tokenizer = AutoTokenizer.from_pretrained(run.tokenizer_model or model)
     sampler = Sampler(tokenizer, auth_token=auth_token, default_kwargs=run.sample_kwargs)
     sampler.set_replicas([address])
-    setup = RolloutSetup(
-        tokenizer=tokenizer,
-        sampler=sampler,
-        sample_kwargs=dict(run.sample_kwargs),
-        completions_per_prompt=run.completions_per_prompt,
-        extras=dict(run.rollout_extras),
-        max_seq_len=run.max_seq_len,
-    )
+    setup = RolloutSetup.for_run(run, tokenizer, sampler)
     try:
         metrics = await asyncio.wait_for(evaluation_fn(setup, rows), timeout=timeout_s)
     finally:

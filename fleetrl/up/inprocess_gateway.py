@@ -1,10 +1,10 @@
 """`fleetrl.main()`'s rollout gateways, run in the calling process so any Python callable works as the rollout
 factory, dynamic filter or evaluation hook (lambdas, closures, notebook and `__main__` functions).
 
-Each gateway is the same `Gateway` as `fleetrl serve gateway` (services/gateway/worker.py), with the same gRPC calls to
-the controller and ZeroMQ group stream to the trainer, run as an asyncio task on its own event loop in a daemon
-thread beside the user's code. To `fleetrl up`'s watch loop it looks like a gateway process: `poll()` gives its exit
-code once it ended (0 run finished, 3 circuit breaker open, 4 the user's code cannot run or a rollout returned an
+Each gateway is the same `Gateway` as `fleetrl serve gateway` (fleetrl.gateway.run.run_gateway), with the same gRPC
+calls to the controller and ZeroMQ group stream to the trainer, run as an asyncio task on its own event loop in a
+daemon thread beside the user's code. To `fleetrl up`'s watch loop it looks like a gateway process: `poll()` gives its
+exit code once it ended (0 run finished, 3 circuit breaker open, 4 the user's code cannot run or a rollout returned an
 unknown type, 1 a crash, its traceback in the log), and a crashed one is replaced by a fresh task
 (`max_gateway_restarts`). Its log lines go to `<log_path>/gateway.log`. No /metrics endpoint is served.
 """
@@ -17,7 +17,10 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fleetrl.gateway.config import GatewayConfig
 
 log = logging.getLogger(__name__)
 LOG_FORMAT = "%(asctime)s %(levelname)s [%(threadName)s] %(name)s: %(message)s"
@@ -37,7 +40,7 @@ class InProcessGateway:
 
     kind = "gateway"
 
-    def __init__(self, name: str, config: Any, objects: UserObjects, log_path: Path) -> None:
+    def __init__(self, name: str, config: GatewayConfig, objects: UserObjects, log_path: Path) -> None:
         self.name = name
         self.config = config
         self.objects = objects
@@ -81,17 +84,17 @@ class InProcessGateway:
         except asyncio.CancelledError:
             self._code = 0  # stopped by `stop()`
         except BaseException:  # a crash: as a gateway process's, logged with its traceback and exit code 1
-            logging.getLogger("fleetrl.services.gateway").exception("gateway %s crashed", self.name)
+            logging.getLogger("fleetrl.gateway").exception("gateway %s crashed", self.name)
             self._code = 1
 
     async def _serve(self) -> int:
-        from fleetrl.services.gateway.launcher import run
+        from fleetrl.gateway.run import run_gateway
 
         self._loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()  # type: ignore[assignment]
         if self._stopping:
             return 0
-        return await run(
+        return await run_gateway(
             self.config,
             self.objects.rollout_factory,
             dynamic_filter=self.objects.dynamic_filter,
@@ -130,7 +133,7 @@ def start_gateways(
 ) -> list[InProcessGateway]:
     """Start `count` gateways configured by `fleetrl serve gateway` flags; gateway-0 evaluates when `evaluation` (a
     module:fn spec, or a label when `objects.evaluation_fn` is the hook) is set."""
-    from fleetrl.services.gateway.launcher import build_parser, config_from_args
+    from fleetrl.gateway.flags import build_parser, config_from_args
 
     parser = build_parser()
     config = config_from_args(parser.parse_args(gateway_argv))

@@ -54,7 +54,7 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 class Supervisor:
-    """Starts `python -m fleetrl.cli serve ...` children and stops them all (SIGTERM, then SIGKILL)."""
+    """Starts `python -m fleetrl serve ...` children and stops them all (SIGTERM, then SIGKILL)."""
 
     def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.log_dir = log_dir
@@ -80,7 +80,7 @@ class Supervisor:
             ready_file.unlink(missing_ok=True)
             args = [*args, "--ready-file", str(ready_file)]
         launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
-        argv = [sys.executable, *launcher, "-m", "fleetrl.cli", "serve", kind, *args]
+        argv = [sys.executable, *launcher, "-m", "fleetrl", "serve", kind, *args]
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log_file:
             log_file.write(f"$ {' '.join(argv)}\n".encode())

@@ -73,7 +73,7 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         except BaseException:
             self.close()
             raise
-        self._chunks = plan_chunks(self.manifest, self._chunk_bytes, split_bytes=min(self._chunk_bytes, _SPLIT_BYTES))
+        self._chunks = self._plan_chunks()
         self._next_request = 0
         self._in_flight_chunks = 0
         self._in_flight_bytes = 0
@@ -165,6 +165,13 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
             )
         return manifest, chunk_bytes
 
+    def _plan_chunks(self) -> tuple[Chunk, ...]:
+        """The chunks this fetch asks for (a relay hop asks for smaller ones to pipeline them)."""
+        return plan_chunks(self.manifest, self._chunk_bytes, split_bytes=min(self._chunk_bytes, _SPLIT_BYTES))
+
+    def _chunk_received(self, chunk: Chunk, data: memoryview) -> None:
+        """Called with each chunk's bytes as they arrive, before the tensor is checked (a relay serves them on)."""
+
     @staticmethod
     def _range(chunk: Chunk) -> bytes:
         return RANGE.pack(chunk.tensor_index, chunk.start, chunk.stop)
@@ -245,6 +252,7 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
             self._request_more()
             if len(mine) == 1:
                 flat = self._receive_whole(mine[0], spec.torch_dtype.itemsize)
+                self._chunk_received(mine[0], memoryview(flat.numpy()))
                 # Ask for the next chunks before hashing so that the wire stays busy meanwhile.
                 self._request_more()
                 if hasher is not None:
@@ -256,6 +264,7 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
                     self._request_more()
                     target = data[chunk.start : chunk.stop]
                     self._receive_into(chunk, target)
+                    self._chunk_received(chunk, target)
                     self._request_more()
                     if hasher is not None:
                         hasher.update(target)

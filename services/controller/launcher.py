@@ -78,17 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"fleetrl serve controller: {exc}", file=sys.stderr)
         return 2
-    from fleetrl.services.controller.server import serve
+    from fleetrl.services.controller.server import build_service
+    from fleetrl.shell.service import ShellConfig, run_service
     from fleetrl.telemetry import setup_logging
 
     setup_logging(config.log_level, service="controller")
-    from fleetrl.trackers import TrackerError
-
-    try:
-        return asyncio.run(serve(config))
-    except (OSError, TrackerError) as exc:
-        print(f"fleetrl serve controller: {exc}", file=sys.stderr)
-        return 1
+    return asyncio.run(run_service(build_service(config), ShellConfig.of(config)))
 
 
 if __name__ == "__main__":

@@ -20,15 +20,16 @@ from typing import Any
 import grpc
 
 from fleetrl import metric_names as mn
-from fleetrl.config import Config
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
+from fleetrl.controller.step_line import StepTimes, step_line
 from fleetrl.controller.step_sums import StepSums
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
 from fleetrl.sample_log import LoggedSample
-from fleetrl.step_metrics import done_fraction, reward_filter_metrics
+from fleetrl.services.controller.config import ControllerConfig
+from fleetrl.step_metrics import done_fraction
 from fleetrl.trackers import TrackerSet
 from fleetrl.trackers.jsonl import JsonlTracker
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
@@ -53,35 +54,30 @@ class RunStopped(RunFailed):
 class Orchestrator:
     def __init__(
         self,
-        run: Config,
+        config: ControllerConfig,
         scheduler: RowScheduler,
         members: MemberRegistry,
         *,
         metrics_path: Path,
-        auth_token: str | None = None,
-        train_step_timeout_s: float = 1800.0,
-        weight_push_timeout_s: float = 300.0,
-        heartbeat_interval_s: float = 2.0,
-        start_timeout_s: float = 600.0,
-        evaluation: bool = False,
-        eval_timeout_s: float = 600.0,
-        stall_timeout_s: float = 1800.0,
-        restart_weights: bool = False,
         trackers: TrackerSet | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`config` gives the run and every timeout (their defaults live in ControllerConfig alone)."""
+        run = config.run
+        self.config = config
         self.run_cfg = run
         self.scheduler = scheduler
         self.members = members
         self.metrics_path = metrics_path
-        self.auth_token = auth_token
-        self.train_step_timeout_s = train_step_timeout_s
-        self.weight_push_timeout_s = weight_push_timeout_s
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.start_timeout_s = start_timeout_s
+        self.auth_token = config.auth_token
+        self.train_step_timeout_s = config.train_step_timeout_s
+        self.weight_push_timeout_s = config.weight_push_timeout_s
+        self.heartbeat_interval_s = config.heartbeat_interval_s
+        self.start_timeout_s = config.start_timeout_s
         self.clock = clock
-        self.stall_timeout_s = stall_timeout_s
-        self.restart_weights = restart_weights  # resume with a trainer without checkpoint: retrain from version 0
+        self.stall_timeout_s = config.stall_timeout_s
+        # resume with a trainer without checkpoint: retrain from version 0
+        self.restart_weights = config.restart_weights
         self.stop_requested = False  # SIGINT/SIGTERM: stop after the step in flight (request_stop)
         self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
         self.pushed_version = 0  # the version every replica must serve: the last this process pushed (none yet)
@@ -95,15 +91,14 @@ class Orchestrator:
         self.last_metrics: dict[str, float] = {}
         self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
         self.groups_address = ""  # the trainer's rollout-group PULL address, from its Status
-        self.evaluation = evaluation
-        self.eval_timeout_s = eval_timeout_s
+        self.evaluation = config.evaluation
+        self.eval_timeout_s = config.eval_timeout_s
         self.evaluate_version = -1  # the version an evaluator should evaluate now (-1: none)
         self.evaluated: dict[int, dict[str, float]] = {}
         self.started = False  # set once the trainer and a replica answered and the start version is on the replicas
-        self.hold_leases = evaluation  # no rollouts until version 0 is evaluated: the start accuracy is exact
+        self.hold_leases = config.evaluation  # no rollouts until version 0 is evaluated: the start accuracy is exact
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._last_step_end = clock()
-        self._counters_at_last_step = dict(scheduler.counters)
         # Where each metrics line goes: metrics.jsonl always, plus the trackers `run.loggers` names.
         self.trackers = trackers or TrackerSet([JsonlTracker(Path(run.log_path), metrics_path)])
         # Groups the gateways rejected since the last step (dynamic filter, too few valid samples) and their
@@ -535,6 +530,13 @@ class Orchestrator:
         log.info("evaluation of version %d: %s", version, metrics)
         self.wakeup.set()
 
+    def rows_reported(self, count: int, now: float) -> None:
+        """Gateways reported `count` row outcomes at `now`: progress for the stall check (`check_stalled`) when
+        any, and the loop wakes up to look for a complete step."""
+        if count:
+            self.last_progress = now
+        self.wakeup.set()
+
     def record_rejected(self, rewards: list[float]) -> None:
         """A gateway rejected a group (its samples' rewards): counted in the next step's filter metrics."""
         self._rejected_groups += 1
@@ -553,35 +555,22 @@ class Orchestrator:
     def write_metrics(
         self, step: StepAssignment, reply: Any, wait: float, train: float, weight_update: float, total: float
     ) -> None:
-        trainer_metrics = dict(reply.metrics)
-        samples = trainer_metrics.get("data/samples", 0.0)
-        tokens = trainer_metrics.get("data/tokens", 0.0)
-        line: dict[str, Any] = {**trainer_metrics, "step": step.step, "version": int(reply.version)}
-        line["time"] = time.time()
-        # async/version_offset_* come from the trainer: measured on the samples it trained (per-token versions).
-        # The offsets the controller admitted the groups at are kept apart; they must never be larger.
-        offsets = step.version_offsets or (0,)
-        line["async/admitted_offset_max"] = max(offsets)
-        line.update(reward_filter_metrics(trainer_metrics, self._rejected_rewards, self._rejected_groups))
+        line = step_line(
+            dict(reply.metrics),
+            step=step.step,
+            version=int(reply.version),
+            time=time.time(),
+            admitted_offsets=step.version_offsets,
+            rejected_rewards=self._rejected_rewards,
+            rejected_groups=self._rejected_groups,
+            done_frac=done_fraction(
+                step.step, self.scheduler.max_steps, self.scheduler.cursor.total_rows, self.scheduler.groups_per_step
+            ),
+            times=StepTimes(wait=wait, train=train, weight_update=weight_update, total=total),
+            counters=self.scheduler.counters,
+            tracker_failures=self.trackers.total_failures,
+        )
         self._rejected_rewards, self._rejected_groups = [], 0
-        line[mn.PROGRESS_DONE_FRAC] = done_fraction(
-            step.step, self.scheduler.max_steps, self.scheduler.cursor.total_rows, self.scheduler.groups_per_step
-        )
-        step_time = wait + total
-        line.update(
-            {
-                "perf/step_time": step_time,
-                "perf/train_time": train,
-                "perf/train_wait_time": wait,
-                "perf/wait_time_ratio": wait / step_time if step_time > 0 else 0.0,
-                "perf/weight_update_time": weight_update,
-                mn.SAMPLES_PER_S: samples / step_time if step_time > 0 else 0.0,
-                "perf/step_tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
-            }
-        )
-        for key, value in self.scheduler.counters.items():
-            line[f"producer/{key}"] = value
-        line[mn.TRACKER_FAILURES] = self.trackers.total_failures
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
         self.step_sums.add(line)
         self._append_metrics(line)

@@ -1,27 +1,31 @@
-"""Builds and runs the controller: journal + scheduler + registry + trackers + gRPC servicer + orchestrator loop."""
+"""The controller's wiring: journal + scheduler + registry + trackers + orchestrator + gRPC server
+(`create_server`), and `ControllerService`, the controller's life under the service shell (fleetrl.shell)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import signal
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from fleetrl.controller.dataset import DatasetCursor, load_rows
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.gate import OffPolicyGate
-from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server
 from fleetrl.services.controller.config import ControllerConfig
+from fleetrl.services.controller.metrics import ControllerMetrics
 from fleetrl.services.controller.orchestrator import Orchestrator, RunStopped
 from fleetrl.services.controller.servicer import ControllerServicer
+from fleetrl.shell.service import EXIT_FAILED, EXIT_OK, EXIT_SIGNALLED, Service
 from fleetrl.trackers import make_trackers
 from fleetrl.v1 import controller_pb2_grpc
 
@@ -97,22 +101,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         members.register("trainer", "trainer", config.trainer_address, now)
     for i, address in enumerate(config.inference_addresses):
         members.register("inference", f"inference-{i}", address, now, version=scheduler.gate.version)
-    orchestrator = Orchestrator(
-        run,
-        scheduler,
-        members,
-        metrics_path=metrics_path,
-        auth_token=config.auth_token,
-        train_step_timeout_s=config.train_step_timeout_s,
-        weight_push_timeout_s=config.weight_push_timeout_s,
-        heartbeat_interval_s=config.heartbeat_interval_s,
-        start_timeout_s=config.start_timeout_s,
-        evaluation=config.evaluation,
-        eval_timeout_s=config.eval_timeout_s,
-        stall_timeout_s=config.stall_timeout_s,
-        restart_weights=config.restart_weights,
-        trackers=trackers,
-    )
+    orchestrator = Orchestrator(config, scheduler, members, metrics_path=metrics_path, trackers=trackers)
     servicer = ControllerServicer(
         scheduler, members, orchestrator, run_id=uuid.uuid4().hex[:12], heartbeat_interval_s=config.heartbeat_interval_s
     )
@@ -126,54 +115,80 @@ def create_server(config: ControllerConfig) -> ControllerServer:
     return ControllerServer(config, server, port, scheduler, members, orchestrator, journal)
 
 
-async def serve(config: ControllerConfig) -> int:
-    """Run until the data is used up (exit 0), the run fails (exit 1) or a signal stops it (exit 130)."""
-    from fleetrl.services.controller.metrics import ControllerMetrics
-    from fleetrl.telemetry import linger_then_close, start_metrics_server
+class ControllerService(Service):
+    """The controller under the service shell (fleetrl.shell.service): the run loop is the service's life.
 
-    ctl = create_server(config)
-    await ctl.server.start()
-    metrics_server = None
-    if config.metrics_port is not None:
-        metrics_server = start_metrics_server(config.metrics_port, host=config.host)
-        ControllerMetrics(metrics_server.registry, ctl.scheduler, ctl.members, ctl.orchestrator)
-    if config.ready_file:
-        info = {"grpc_port": ctl.port, "address": ctl.address}
-        if metrics_server is not None:
-            info["metrics_port"] = metrics_server.port
-        write_ready_file(config.ready_file, info)
-    log.info("controller serving on %s", ctl.address)
-    loop = asyncio.get_running_loop()
-    run_task = asyncio.create_task(ctl.orchestrator.run(), name="orchestrator")
-    stop = asyncio.Event()
+    Exit codes: 0 when the data (or max_steps) is used up and the trainer exported the final model; 1 when the run
+    fails; 130 when a signal stops it. The first SIGINT/SIGTERM stops the run after the step in flight (its metrics
+    line is written and the trainer, stopped after the controller by `fleetrl up`, checkpoints it); before the run
+    has started there is nothing to finish, and a second signal stops at once."""
 
-    def on_signal() -> None:
-        # The first signal stops the run after the step in flight, so its metrics line is written and the trainer
-        # (stopped after the controller by `fleetrl up`) checkpoints the step; before the run has started there is
-        # nothing to finish, and a second signal stops at once.
+    name = "controller"
+
+    def __init__(self, config: ControllerConfig) -> None:
+        self.config = config
+        self.parts: ControllerServer | None = None
+        self._registry: CollectorRegistry | None = None
+        self._run_task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        self._registry = registry  # the collector reads the parts `start` builds
+
+    async def start(self) -> dict[str, Any]:
+        self.parts = ctl = create_server(self.config)
+        await ctl.server.start()
+        if self._registry is not None:
+            ControllerMetrics(self._registry, ctl.scheduler, ctl.members, ctl.orchestrator)
+        log.info("controller serving on %s", ctl.address)
+        return {"grpc_port": ctl.port, "address": ctl.address}
+
+    async def run(self, stop: asyncio.Event) -> int:
+        assert self.parts is not None
+        self._stop = stop
+        if stop.is_set():  # a signal while starting: the run has not started, nothing to finish
+            log.info("controller stopped by signal")
+            return EXIT_SIGNALLED
+        self._run_task = asyncio.create_task(self.parts.orchestrator.run(), name="orchestrator")
+        try:
+            await self._run_task
+        except (asyncio.CancelledError, RunStopped) as exc:
+            if isinstance(exc, asyncio.CancelledError) and not stop.is_set():  # cancelled from outside
+                raise
+            log.info("controller stopped by signal")
+            return EXIT_SIGNALLED
+        except Exception:  # the orchestrator logged why
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def on_signal(self, count: int, stop: asyncio.Event) -> None:
         stop.set()
-        if ctl.orchestrator.stop_requested or not ctl.orchestrator.started:
-            run_task.cancel()
+        orchestrator = self.parts.orchestrator if self.parts is not None else None
+        if orchestrator is None or orchestrator.stop_requested or not orchestrator.started:
+            if self._run_task is not None:
+                self._run_task.cancel()
         else:
             log.info("stopping after the step in flight (signal again to stop now)")
-            ctl.orchestrator.request_stop()
+            orchestrator.request_stop()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    code = 0
-    try:
-        await run_task
-    except (asyncio.CancelledError, RunStopped):
-        log.info("controller stopped by signal")
-        code = 130
-    except Exception:
-        code = 1
-    finally:
+    async def close(self, code: int) -> None:
+        ctl = self.parts
+        if ctl is None:  # building failed (a tracker that cannot start, a bad dataset): nothing was started
+            return
         # Let gateways see run_finished before the server goes away.
-        await asyncio.sleep(min(config.heartbeat_interval_s, 1.0))
+        await asyncio.sleep(min(self.config.heartbeat_interval_s, 1.0))
         await ctl.server.stop(grace=2.0)
         await ctl.orchestrator.close()
-        ctl.orchestrator.close_trackers(failed=code == 1)
+        ctl.orchestrator.close_trackers(failed=code == EXIT_FAILED)
         ctl.journal.close()
-        await linger_then_close(metrics_server, config.metrics_linger_s, stop)
-    return code
+        linger = self.config.metrics_linger_s
+        if code == EXIT_FAILED and linger > 0 and self._registry is not None and self._stop is not None:
+            # /metrics stays up after a failed run too, so a scrape sees the final values (the shell lingers after
+            # a clean exit only); a signal ends the wait.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=linger)
+
+
+def build_service(config: ControllerConfig) -> ControllerService:
+    """The controller for `run_service`; its parts are built when it starts (inside the event loop)."""
+    return ControllerService(config)

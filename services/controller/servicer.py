@@ -1,18 +1,18 @@
-"""The controller's gRPC servicer: a thin edge converting wire messages to scheduler and registry calls."""
+"""The controller's gRPC servicer (fleetrl.v1.Controller): a thin edge converting wire messages to scheduler,
+registry and orchestrator calls, and their answers back to wire messages."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable
-from typing import Any
 
 import grpc
 
 from fleetrl.controller.members import MemberRegistry
-from fleetrl.controller.run_outcome import rejection_cause
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gateway.groups import DROP_REASONS
+from fleetrl.gateway.assembly import DROP_REASONS
+from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 KIND_NAMES = {
@@ -30,7 +30,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self,
         scheduler: RowScheduler,
         members: MemberRegistry,
-        orchestrator: Any,
+        orchestrator: Orchestrator,
         *,
         run_id: str,
         heartbeat_interval_s: float,
@@ -43,7 +43,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.heartbeat_interval_s = heartbeat_interval_s
         self.clock = clock
 
-    async def Register(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Register(
+        self, request: controller_pb2.RegisterRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.RegisterResponse:
         kind = KIND_NAMES.get(request.kind)
         if kind is None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Register: kind must be set")
@@ -58,13 +60,17 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             self.members.fence(member.member_id, f"joined serving version {member.version}, the run is at {required}")
         return controller_pb2.RegisterResponse(heartbeat_interval_s=self.heartbeat_interval_s, run_id=self.run_id)
 
-    async def Heartbeat(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def Heartbeat(
+        self, request: controller_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.HeartbeatResponse:
         known = self.members.heartbeat(request.member_id, self.clock())
         return controller_pb2.HeartbeatResponse(
             known=known, run_finished=self.orchestrator.finished, evaluate_version=self.orchestrator.evaluate_version
         )
 
-    async def LeaseRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def LeaseRows(
+        self, request: controller_pb2.LeaseRowsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.LeaseRowsResponse:
         now = self.clock()
         if not request.gateway_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LeaseRows: gateway_id must be set")
@@ -99,7 +105,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             evaluate_version=self.orchestrator.evaluate_version,
         )
 
-    async def ReportRows(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ReportRows(
+        self, request: controller_pb2.ReportRowsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ReportRowsResponse:
         now = self.clock()
         self.members.heartbeat(request.gateway_id, now)
         results = []
@@ -114,20 +122,17 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 )
             )
             for why, count in report.samples_dropped.items():
-                if why not in DROP_REASONS or count < 0:  # a forged or buggy report cannot invent counters
-                    continue
-                key = f"samples_dropped_{why}"
-                self.scheduler.counters[key] = self.scheduler.counters.get(key, 0) + count
-            if results[-1] == "rejected":  # counted once under its cause: a run that trains nothing says why
-                cause = f"rows_rejected_{rejection_cause(report.samples_dropped, report.reason)}"
-                self.scheduler.counters[cause] = self.scheduler.counters.get(cause, 0) + 1
+                if why in DROP_REASONS and count >= 0:  # a forged or buggy report cannot invent counters
+                    self.scheduler.count_dropped(why, count)
+            if results[-1] == "rejected":
+                self.scheduler.count_rejection(report.samples_dropped, report.reason)
                 self.orchestrator.record_rejected(list(report.rewards))
-        if request.reports:
-            self.orchestrator.last_progress = now
-        self.orchestrator.wakeup.set()
+        self.orchestrator.rows_reported(len(request.reports), now)
         return controller_pb2.ReportRowsResponse(results=results)
 
-    async def ReportEval(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ReportEval(
+        self, request: controller_pb2.ReportEvalRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ReportEvalResponse:
         live = self.scheduler.gate.version
         if not 0 <= request.version <= live:  # only a live version is ever evaluated
             message = f"ReportEval: version {request.version} is not a version of this run (0..{live})"
@@ -136,7 +141,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self.orchestrator.record_eval(request.version, dict(request.metrics))
         return controller_pb2.ReportEvalResponse()
 
-    async def GetStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def GetStatus(
+        self, request: controller_pb2.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.RunStatus:
         now = self.clock()
         snap = self.scheduler.snapshot()
         return controller_pb2.RunStatus(

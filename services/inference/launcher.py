@@ -8,7 +8,9 @@ With --controller the replica joins that run once serving: it registers, heartbe
 to the run's current version before routing rollouts to it.
 
 Flags override the config file. Heavy modules (torch, grpc, vLLM) are imported only after parsing, so
-`--help` is fast. Binds 127.0.0.1 unless --host says otherwise.
+`--help` is fast. Binds 127.0.0.1 unless --host says otherwise. The service shell (fleetrl/shell) runs the server:
+--ready-file gets host, grpc_port, http_port and metrics_port once every endpoint serves; SIGINT/SIGTERM stop it
+(exit code 0).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from fleetrl.shell.args import drop_unset
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +78,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "member_id": args.member_id,
         "max_lora_rank": args.max_lora_rank,
     }
-    overrides = {k: v for k, v in overrides.items() if v is not None}
+    overrides = drop_unset(overrides)
     if args.config is not None:
         config = InferenceConfig.from_toml(args.config, overrides)
     else:
@@ -113,11 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(config.log_level, service="inference")
     try:
-        asyncio.run(serve(config))
-    except OSError as exc:  # a port in use, most often: say which, without a traceback
+        return asyncio.run(serve(config))
+    except OSError as exc:  # the gRPC port in use, most often: say which, without a traceback
         print(f"fleetrl serve inference: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":  # vLLM's engine spawns processes: keep the guard

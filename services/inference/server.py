@@ -1,153 +1,146 @@
-"""The inference server: an engine behind the gRPC API (fleetrl.v1.Inference), the OpenAI-compatible HTTP
-API and a Prometheus /metrics endpoint.
+"""The inference service's wiring: an engine behind the gRPC API (servicer.py), the OpenAI-compatible HTTP API
+(http_api.py, run by http_server.py) and Prometheus metrics (metrics.py), optionally joined to a run's controller.
+
+`InferenceService` is a `fleetrl.shell.Service`; the shell (fleetrl/shell/service.py) serves /metrics, writes the
+ready file (host, grpc_port, http_port, metrics_port), handles SIGINT/SIGTERM and turns the outcome into the exit
+code. The launcher makes one call:
+
+    code = await serve(config)     # make_engine + create_server + run_service
+
+In process (tests, benchmarks), without the shell, the service serves its own /metrics endpoint:
 
     service = create_server(config, engine)   # binds the gRPC port, starts nothing
-    await service.start()                     # engine, gRPC, HTTP, metrics
+    info = await service.start()              # engine, gRPC, HTTP, metrics; returns the ready-file info
     ...
     await service.stop()
-
-`serve(config)` builds the engine from the config and runs until SIGINT/SIGTERM (the launcher calls it).
-The servicer is thin: it converts protos to engine dataclasses and engine errors to gRPC status codes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
-import signal
 import socket
-from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry
 
-from fleetrl.clients.inference_proto import completions_to_proto, request_from_proto
 from fleetrl.membership import keep_registered
-from fleetrl.ready_file import write_ready_file
-from fleetrl.rpc import create_grpc_server, resolve_auth_token
+from fleetrl.rpc import create_grpc_server
 from fleetrl.services.inference.config import InferenceConfig
-from fleetrl.services.inference.engine import EngineError, InferenceEngine, WeightLoadError
+from fleetrl.services.inference.engine import InferenceEngine
+from fleetrl.services.inference.http_server import HttpServer
 from fleetrl.services.inference.metrics import InferenceMetrics
+from fleetrl.services.inference.servicer import InferenceServicer
+from fleetrl.shell.service import EXIT_OK, Service, ShellConfig, run_service
 from fleetrl.telemetry import MetricsServer, start_metrics_server
-from fleetrl.v1 import inference_pb2, inference_pb2_grpc
+from fleetrl.v1 import inference_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 
-class InferenceServicer(inference_pb2_grpc.InferenceServicer):
-    """fleetrl.v1.Inference on top of an InferenceEngine."""
+class InferenceService(Service):
+    """A created inference server: start() brings up the engine and every endpoint, stop() releases them."""
 
-    def __init__(self, engine: InferenceEngine, metrics: InferenceMetrics, config: InferenceConfig) -> None:
-        self._engine = engine
-        self._metrics = metrics
-        self._config = config
+    name = "inference"
 
-    async def Generate(self, request, context):
-        try:
-            async with self._metrics.track_request("grpc"):
-                completions = await self._engine.generate(request_from_proto(request))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Generate: {exc}")
-        except EngineError as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Generate: {exc}")
-        self._metrics.observe_completions(completions)
-        return completions_to_proto(completions)
+    def __init__(
+        self,
+        config: InferenceConfig,
+        engine: InferenceEngine,
+        grpc_server: grpc.aio.Server,
+        grpc_port: int,
+        metrics: InferenceMetrics,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.grpc_server = grpc_server
+        self.grpc_port = grpc_port
+        self.metrics = metrics
+        self.http_port: int | None = None
+        self.metrics_server: MetricsServer | None = None  # its own /metrics endpoint (in-process use only)
+        self._metrics_bound = False  # the shell serves the metrics
+        self._http: HttpServer | None = None
+        self._engine_started = False
 
-    async def Status(self, request, context):
-        stats = self._engine.stats()
-        return inference_pb2.StatusResponse(
-            model=self._engine.model_path,
-            engine=self._engine.engine_name,
-            loaded_version=self._engine.loaded_version,
-            loaded_checksum=self._engine.loaded_checksum,
-            queue_depth=self._engine.queue_depth(),
-            tokens_per_s=stats.tokens_per_s,
-            generated_tokens=stats.generated_tokens,
-            requests=stats.requests,
-        )
-
-    async def LoadWeights(self, request, context):
-        timeout_s = request.timeout_s or self._config.weight_load_timeout_s
-        if not (math.isfinite(timeout_s) and timeout_s > 0):
-            message = f"LoadWeights: timeout_s must be a finite number > 0, got {timeout_s}"
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        try:
-            result = await self._engine.load_weights(
-                request.version,
-                request.source,
-                auth_token=resolve_auth_token(self._config.auth_token),
-                timeout_s=timeout_s,
-            )
-        except WeightLoadError as exc:
-            self._metrics.observe_load(None)
-            logger.warning(
-                "weight load of version %d from %s rejected (still serving version %d): %s",
-                request.version,
-                request.source,
-                self._engine.loaded_version,
-                exc,
-            )
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"LoadWeights: {exc}")
-        except EngineError as exc:
-            self._metrics.observe_load(None)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"LoadWeights: {exc}")
-        self._metrics.observe_load(result)
-        logger.info(
-            "loaded weights version %d (checksum %s) from %s: transfer %.3f s, pause %.4f s",
-            result.version,
-            result.checksum,
-            request.source,
-            result.transfer_s,
-            result.pause_s,
-        )
-        return inference_pb2.LoadWeightsResponse(
-            version=result.version,
-            checksum=result.checksum,
-            transfer_s=result.transfer_s,
-            pause_s=result.pause_s,
-        )
-
-
-@dataclass
-class InferenceService:
-    """A created inference server; `start()` it, `stop()` it."""
-
-    config: InferenceConfig
-    engine: InferenceEngine
-    grpc_server: grpc.aio.Server
-    grpc_port: int
-    metrics: InferenceMetrics
-    registry: CollectorRegistry
-    http_port: int | None = None
-    metrics_server: MetricsServer | None = None
-    _http: object | None = field(default=None, repr=False)
-    _engine_started: bool = False
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
 
     @property
     def metrics_port(self) -> int | None:
+        """The port of the service's own /metrics endpoint (None under the shell, which serves it)."""
         return None if self.metrics_server is None else self.metrics_server.port
 
-    async def start(self, *, start_engine: bool = True) -> None:
-        """Start the engine (unless already started by the caller), then every endpoint."""
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        """Serve the service's collectors on the shell's /metrics endpoint."""
+        registry.register(self.metrics.registry)
+        self._metrics_bound = True
+
+    async def start(self, *, start_engine: bool = True) -> dict[str, Any]:
+        """Start the engine (unless the caller started it), then every endpoint; returns the ready-file info."""
         if start_engine:
             await self.engine.start()
             self._engine_started = True
         await self.grpc_server.start()
-        if self.config.metrics_port is not None:
-            self.metrics_server = start_metrics_server(
-                self.config.metrics_port, host=self.config.host, registry=self.registry
-            )
-        if self.config.http_port is not None:
-            from fleetrl.services.inference.http_api import start_http_server
+        config = self.config
+        if config.metrics_port is not None and not self._metrics_bound:
+            self.metrics_server = start_metrics_server(config.metrics_port, host=config.host, registry=self.registry)
+        if config.http_port is not None:
+            from fleetrl.services.inference.http_server import start_http_server
 
-            self._http, self.http_port = await start_http_server(self.config, self.engine, self.metrics)
+            self._http, self.http_port = await start_http_server(config, self.engine, self.metrics)
+        logger.info(
+            "inference server up: model %s, engine %s, grpc %s:%d, http %s",
+            config.model,
+            self.engine.engine_name,
+            config.host,
+            self.grpc_port,
+            self.http_port,
+        )
+        return self.ready_info()
+
+    def ready_info(self) -> dict[str, Any]:
+        """Where the service listens: host, grpc_port, http_port and metrics_port (None = off). Under the shell,
+        the shell adds metrics_port itself."""
+        info: dict[str, Any] = {"host": self.config.host, "grpc_port": self.grpc_port, "http_port": self.http_port}
+        if not self._metrics_bound:
+            info["metrics_port"] = self.metrics_port
+        return info
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Serve until `stop`; with a controller address, stay registered with that run meanwhile."""
+        joined = None
+        config = self.config
+        if config.controller_address:  # join a run by itself: the controller brings it to the run's version
+            member_id = config.member_id or f"inference-{socket.gethostname()}-{os.getpid()}"
+            joined = asyncio.create_task(
+                keep_registered(
+                    config.controller_address,
+                    "inference",
+                    member_id,
+                    advertised_address(config.host, self.grpc_port),
+                    stop=stop,
+                    auth_token=config.auth_token,
+                )
+            )
+        try:
+            await stop.wait()
+            logger.info("shutting down")
+        finally:
+            if joined is not None:  # no need to finish a call in flight to the controller
+                joined.cancel()
+                await asyncio.gather(joined, return_exceptions=True)
+        return EXIT_OK
+
+    async def close(self, code: int) -> None:
+        await self.stop()
 
     async def stop(self) -> None:
         """Stop endpoints, then the engine if this service started it."""
         if self._http is not None:
-            await self._http.stop()  # type: ignore[attr-defined]
+            await self._http.stop()
             self._http = None
         await self.grpc_server.stop(self.config.shutdown_grace_s)
         if self.metrics_server is not None:
@@ -159,9 +152,10 @@ class InferenceService:
 
 def create_server(config: InferenceConfig, engine: InferenceEngine) -> InferenceService:
     """Build the gRPC server (bound, not started) and metrics for `engine`."""
-    registry = CollectorRegistry()
-    metrics = InferenceMetrics(registry, engine)
-    servicer = InferenceServicer(engine, metrics, config)
+    metrics = InferenceMetrics(CollectorRegistry(), engine)
+    servicer = InferenceServicer(
+        engine, metrics, weight_load_timeout_s=config.weight_load_timeout_s, auth_token=config.auth_token
+    )
     server, port = create_grpc_server(
         [lambda s: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, s)],
         host=config.host,
@@ -169,7 +163,7 @@ def create_server(config: InferenceConfig, engine: InferenceEngine) -> Inference
         auth_token=config.auth_token,
         max_message_mb=config.max_message_mb,
     )
-    return InferenceService(config, engine, server, port, metrics, registry)
+    return InferenceService(config, engine, server, port, metrics)
 
 
 def make_engine(config: InferenceConfig) -> InferenceEngine:
@@ -199,55 +193,11 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
     )
 
 
-async def serve(config: InferenceConfig) -> None:
-    """Run the inference server until SIGINT/SIGTERM."""
-    engine = make_engine(config)
-    service = create_server(config, engine)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-        logger.info(
-            "inference server up: model %s, engine %s, grpc %s:%d, http %s, metrics %s",
-            config.model,
-            engine.engine_name,
-            config.host,
-            service.grpc_port,
-            service.http_port,
-            service.metrics_port,
-        )
-        if config.ready_file:
-            write_ready_file(
-                config.ready_file,
-                {
-                    "host": config.host,
-                    "grpc_port": service.grpc_port,
-                    "http_port": service.http_port,
-                    "metrics_port": service.metrics_port,
-                },
-            )
-        joined = None
-        if config.controller_address:  # join a run by itself: the controller brings it to the run's version
-            member_id = config.member_id or f"inference-{socket.gethostname()}-{os.getpid()}"
-            joined = asyncio.create_task(
-                keep_registered(
-                    config.controller_address,
-                    "inference",
-                    member_id,
-                    advertised_address(config.host, service.grpc_port),
-                    stop=stop,
-                    auth_token=config.auth_token,
-                )
-            )
-        await stop.wait()
-        logger.info("shutting down")
-        if joined is not None:  # no need to finish a call in flight to the controller
-            joined.cancel()
-            await asyncio.gather(joined, return_exceptions=True)
-    finally:
-        await service.stop()
+async def serve(config: InferenceConfig) -> int:
+    """Run the inference server under the service shell until SIGINT/SIGTERM; returns the exit code.
+    Raises OSError when the gRPC port cannot be bound."""
+    service = create_server(config, make_engine(config))
+    return await run_service(service, ShellConfig.of(config))
 
 
 def advertised_address(host: str, port: int) -> str:

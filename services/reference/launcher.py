@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
+
+from fleetrl.shell.args import drop_unset
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,27 +34,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    from fleetrl.services.reference.config import ReferenceConfig, ReferenceConfigError
+def config_from_args(args: argparse.Namespace) -> Any:
+    """The `ReferenceConfig` the flags describe (flags left unset take its defaults)."""
+    from fleetrl.services.reference.config import ReferenceConfig
 
-    values = {
-        "model": args.model,
-        "host": args.host,
-        "grpc_port": args.grpc_port,
-        "metrics_port": args.metrics_port,
-        "dtype": args.dtype,
-        "device": args.device,
-        "max_batch_tokens": args.max_batch_tokens,
-        "batch_wait_ms": args.batch_wait_ms,
-        "ready_file": args.ready_file,
-        "log_level": args.log_level,
-    }
-    values = {k: v for k, v in values.items() if v is not None}
+    values = drop_unset(
+        {
+            "model": args.model,
+            "host": args.host,
+            "grpc_port": args.grpc_port,
+            "metrics_port": args.metrics_port,
+            "dtype": args.dtype,
+            "device": args.device,
+            "max_batch_tokens": args.max_batch_tokens,
+            "batch_wait_ms": args.batch_wait_ms,
+            "ready_file": args.ready_file,
+            "log_level": args.log_level,
+        }
+    )
     if args.no_metrics:
         values["metrics_port"] = None
+    return ReferenceConfig.build(values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from fleetrl.services.reference.config import ReferenceConfigError
+
     try:
-        config = ReferenceConfig.build(values)
+        config = config_from_args(args)
     except ReferenceConfigError as exc:
         print(f"fleetrl serve reference: {exc}", file=sys.stderr)
         return 2
@@ -63,11 +74,10 @@ def main(argv: list[str] | None = None) -> int:
 
     setup_logging(config.log_level, service="reference")
     try:
-        asyncio.run(serve(config))
+        return asyncio.run(serve(config))
     except (OSError, ValueError) as exc:  # a port in use or a model that does not load: say so plainly
         print(f"fleetrl serve reference: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 if __name__ == "__main__":

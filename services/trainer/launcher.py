@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Any
+
+from fleetrl.shell.args import add_run_config_args, drop_unset, run_config_from_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,8 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleetrl serve trainer",
         description="Train the policy from rollout groups (ZeroMQ) under gRPC control, publishing weights.",
     )
-    parser.add_argument("--config", type=Path, help="run TOML (fleetrl.Config: top-level keys or [run])")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a run key")
+    add_run_config_args(parser)
     parser.add_argument("--model", help="shortcut for --set base_model=PATH")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--advertise-host", help="host others reach the group/weight streams at (e.g. trainer)")
@@ -57,13 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from fleetrl.config import Config, parse_override
+    """The `TrainerServiceConfig` the flags describe (flags left unset take its defaults)."""
     from fleetrl.services.trainer.config import TrainerServiceConfig
 
-    overrides = dict(parse_override(item) for item in args.set)
-    if args.model:
-        overrides["base_model"] = args.model
-    run = Config.from_toml(args.config, overrides) if args.config else Config.load(overrides, source="--set")
+    run = run_config_from_args(args, {"base_model": args.model} if args.model else None)
     reference = args.reference
     if reference is None and args.standalone and run.kl_beta > 0 and not run.lora:
         reference = "local"
@@ -90,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "ready_file": args.ready_file,
         "log_level": args.log_level,
     }
-    values = {k: v for k, v in values.items() if v is not None}
+    values = drop_unset(values)
     if args.no_metrics:
         values["metrics_port"] = None
     return TrainerServiceConfig.build(values)

@@ -1,23 +1,22 @@
-"""The policy trainer service: `PolicyTrainer` behind a ZeroMQ group stream, the gRPC control service
-(fleetrl.v1.Trainer), the weight stream and Prometheus /metrics.
+"""The policy trainer service, wired: `PolicyTrainer` behind a ZeroMQ group stream, the gRPC control service
+(fleetrl.v1.Trainer, services/trainer/servicer.py), the weight stream and Prometheus /metrics, run under the shared
+service shell (fleetrl.shell).
 
     service = create_server(config)    # loads the model, binds every socket, starts nothing
-    await service.start()
+    await service.start()              # -> the ready file's content
     ...                                # gateways PUSH groups; the controller calls TrainStep / Publish / Finish
     await service.stop()
 
 `run(config)` is the process entry (the launcher calls it): standalone mode, a follower rank under
-torchrun, or rank 0 serving until SIGINT/SIGTERM. Training work runs in worker threads under one lock, so
-the event loop keeps answering Status and health while a step trains.
+torchrun, or rank 0 serving under `run_service` until SIGINT/SIGTERM. Training work runs in worker threads under
+one lock, so the event loop keeps answering Status and health while a step trains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import math
 import signal
 import threading
 from collections.abc import Callable
@@ -32,19 +31,23 @@ from prometheus_client import CollectorRegistry
 
 from fleetrl.group_stream import GroupReceiver
 from fleetrl.groups import RolloutGroup, write_groups_jsonl
-from fleetrl.ready_file import write_ready_file
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
+from fleetrl.services.trainer.auto_steps import AutoSteps
 from fleetrl.services.trainer.config import TrainerServiceConfig
 from fleetrl.services.trainer.metrics import TrainerMetrics
-from fleetrl.telemetry import MetricsServer, start_metrics_server
-from fleetrl.trainer import DistContext, PolicyTrainer, StepError, StepResult
-from fleetrl.trainer.buffer import GroupBuffer, GroupKey, GroupRef, MissingGroupsError
+from fleetrl.services.trainer.servicer import TrainerServicer
+from fleetrl.shell.service import EXIT_FAILED, EXIT_OK, Service, ShellConfig, run_service
+from fleetrl.trainer import DistContext, PolicyTrainer, StepResult
+from fleetrl.trainer.buffer import GroupBuffer, GroupKey, GroupRef
 from fleetrl.trainer.checkpoint import checkpoint_path, latest_checkpoint
 from fleetrl.trainer.reference_source import make_reference_fn
-from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
+from fleetrl.v1 import trainer_pb2_grpc
 from fleetrl.weights import WeightPublisher
 
 logger = logging.getLogger(__name__)
+
+CHECK_INTERVAL_S = 1.0
+"""How often the serving loop looks for a failed background part (group receiver, auto steps)."""
 
 
 def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrainer:
@@ -73,15 +76,6 @@ def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrain
     )
 
 
-def _parse_position(text: str) -> Any:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
-        raise ValueError(f"data_position must be JSON: {exc}") from None
-
-
 def advertised_endpoint(endpoint: str, host: str | None) -> str:
     """`tcp://0.0.0.0:5571` as other hosts reach it: the host replaced by `host` (a container's service name,
     since a wildcard bind address means nothing elsewhere); None keeps the bound address."""
@@ -93,33 +87,11 @@ def advertised_endpoint(endpoint: str, host: str | None) -> str:
     return f"{scheme}://{host}:{port}"
 
 
-def step_to_proto(result: StepResult, weights_address: str) -> trainer_pb2.TrainStepResponse:
-    return trainer_pb2.TrainStepResponse(
-        step=result.step,
-        version=result.version,
-        published=result.published,
-        weights_address=weights_address,
-        metrics=result.metrics,
-        skipped_row_ids=result.skipped_row_ids,
-        already_trained=result.already_trained,
-        checkpoint_path=result.checkpoint_path or "",
-        samples=[
-            trainer_pb2.TrainSample(
-                row_id=s.row_id,
-                prompt=s.prompt,
-                completion=s.completion,
-                reward=s.reward,
-                version_offset=s.version_offset,
-                finish_reason=s.finish_reason,
-            )
-            for s in result.samples
-        ],
-    )
-
-
 @dataclass
-class TrainerService:
-    """A created trainer service; `start()` it, `stop()` it. Rank 0 only."""
+class TrainerService(Service):
+    """A created trainer service (rank 0 only): `start()` it, `stop()` it, or hand it to `run_service`."""
+
+    name = "trainer"
 
     config: TrainerServiceConfig
     trainer: PolicyTrainer
@@ -131,18 +103,15 @@ class TrainerService:
     health: HealthServicer
     grpc_server: grpc.aio.Server | None = None
     grpc_port: int = 0
-    metrics_server: MetricsServer | None = None
+    metrics_served: bool = False
+    """True once `bind_metrics` put the service's collectors on the shell's /metrics endpoint."""
     version_ready_hooks: list[Callable[[int], Any]] = field(default_factory=list)
     """Called with v each time version v is on the weight stream (the controller's seam)."""
-    failed: BaseException | None = None
+    auto_steps: AutoSteps | None = None
+    """The step coordinator of --auto-steps, once started."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
-    _auto_thread: threading.Thread | None = None
     _record_lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def metrics_port(self) -> int | None:
-        return None if self.metrics_server is None else self.metrics_server.port
 
     @property
     def groups_address(self) -> str:
@@ -228,148 +197,90 @@ class TrainerService:
             with self._record_lock:
                 write_groups_jsonl(self.config.record_groups, [group], append=True)
 
-    def _auto_loop(self) -> None:
-        """Without a coordinator: a step whenever P groups are buffered, until max_steps."""
-        run = self.config.run
-        try:
-            while not self._stop.is_set():
-                if run.max_steps is not None and self.trainer.steps_done >= run.max_steps:
-                    ckpt, export = self.finish()
-                    logger.info("auto steps: max_steps reached; checkpoint %s, export %s", ckpt, export)
-                    return
-                groups = self.buffer.wait_for_count(run.prompt_groups_per_step, timeout_s=0.5)
-                if len(groups) < run.prompt_groups_per_step:
-                    continue
-                self.train_step(self.trainer.steps_done + 1, [(*g.key, g.lease_tag) for g in groups])
-        except Exception as exc:  # surfaced: health goes NOT_SERVING and serve() exits non-zero
-            logger.exception("auto-step loop failed")
-            self.failed = exc
+    # -- lifecycle (the shell's Service) -----------------------------------------------------
 
-    # -- lifecycle ---------------------------------------------------------------------------
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        registry.register(self.registry)  # a registry is a collector: /metrics serves the trainer's own
+        self.metrics_served = True
 
-    async def start(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def start(self) -> dict[str, Any]:
+        """Start the group stream, gRPC and (with --auto-steps) the step coordinator; returns the addresses."""
         self.trainer.weight_sink = self.publisher.publish
         self.trainer.on_version_ready = self._version_ready
         self.receiver.start()
         assert self.grpc_server is not None
         await self.grpc_server.start()
-        if self.config.metrics_port is not None:
-            self.metrics_server = start_metrics_server(
-                self.config.metrics_port, host=self.config.host, registry=self.registry
-            )
         if self.config.auto_steps:
-            self._auto_thread = threading.Thread(target=self._auto_loop, name="fleetrl-auto-steps", daemon=True)
-            self._auto_thread.start()
-        del loop
-        if self.config.ready_file:
-            write_ready_file(self.config.ready_file, self.addresses())
+            run = self.config.run
+            self.auto_steps = AutoSteps(
+                self.buffer,
+                groups_per_step=run.prompt_groups_per_step,
+                max_steps=run.max_steps,
+                steps_done=lambda: self.trainer.steps_done,
+                train_step=self.train_step,
+                finish=self.finish,
+                stop=self._stop,
+            )
+            self.auto_steps.start()
+        return self.addresses()
 
     def addresses(self) -> dict[str, Any]:
-        return {
+        """What the ready file says (the shell adds `metrics_port` when it serves /metrics)."""
+        info: dict[str, Any] = {
             "host": self.config.host,
             "grpc_port": self.grpc_port,
             "groups_address": self.groups_address,
             "weights_address": self.weights_address,
-            "metrics_port": self.metrics_port,
             "world_size": self.trainer.ctx.world_size,
         }
+        if not self.metrics_served:  # no /metrics endpoint: the key says so, as before the shell
+            info["metrics_port"] = None
+        return info
 
     def check(self) -> None:
         """Raise if a background part (group receiver, auto-step loop) has failed."""
         self.receiver.check()
-        if self.failed is not None:
-            raise RuntimeError(f"trainer background task failed: {self.failed!r}") from self.failed
+        failed = self.auto_steps.failed if self.auto_steps is not None else None
+        if failed is not None:
+            raise RuntimeError(f"trainer background task failed: {failed!r}") from failed
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Serve until a signal (then checkpoint the last trained step; 0) or a background failure (health
+        NOT_SERVING; 1).
+
+        The checkpoint at a stop is the trainer's own doing, not a SaveCheckpoint call from the controller: it holds
+        whenever the trainer is stopped (Ctrl-C on `fleetrl up`, which stops the controller first and then the
+        trainer; a SIGTERM from docker or Kubernetes; a controller that is already gone), and it waits for a step
+        in flight under the same lock, so the weights saved are those of a complete step."""
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), CHECK_INTERVAL_S)
+            try:
+                self.check()
+            except RuntimeError as exc:
+                logger.error("stopping: %s", exc)
+                await self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+                return EXIT_FAILED
+        logger.info("shutting down")
+        await asyncio.to_thread(self.checkpoint_on_stop, self.config.stop_checkpoint_wait_s)
+        return EXIT_OK
+
+    async def close(self, code: int) -> None:
+        await self.stop()
 
     async def stop(self) -> None:
+        """Stop and release everything (any task, the trainer included)."""
         self._stop.set()
         if self.grpc_server is not None:
             await self.grpc_server.stop(self.config.shutdown_grace_s)
-        if self._auto_thread is not None:
-            await asyncio.to_thread(self._auto_thread.join, 30.0)
+        if self.auto_steps is not None:
+            await asyncio.to_thread(self.auto_steps.join, 30.0)
         self.receiver.stop()
         self.publisher.close()
-        if self.metrics_server is not None:
-            self.metrics_server.close()
         with self._lock:
             self.trainer.stop_followers()
             self.trainer.close()
-
-
-class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
-    """fleetrl.v1.Trainer: thin conversions around TrainerService's blocking operations."""
-
-    def __init__(self, service: TrainerService) -> None:
-        self._service = service
-
-    async def TrainStep(self, request, context):
-        service = self._service
-        try:
-            position = _parse_position(request.data_position)
-            groups = [(g.row_id, g.attempt, g.lease_tag) for g in request.groups] or [
-                (r, 0, 0) for r in request.row_ids
-            ]
-            superseded = [(g.row_id, g.attempt) for g in request.superseded]
-            if not (math.isfinite(request.wait_timeout_s) and request.wait_timeout_s >= 0):  # NaN would spin forever
-                raise ValueError(f"wait_timeout_s must be a finite number >= 0, got {request.wait_timeout_s}")
-            result = await asyncio.to_thread(
-                service.train_step, request.step, groups, position, request.wait_timeout_s or None, superseded
-            )
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"TrainStep: {exc}")
-        except (MissingGroupsError, StepError) as exc:
-            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"TrainStep {request.step}: {exc}")
-        except Exception as exc:  # a failed step: the caller gets why; the service keeps serving
-            logger.exception("TrainStep %d failed", request.step)
-            await context.abort(grpc.StatusCode.INTERNAL, f"TrainStep {request.step} failed: {exc!r}")
-        return step_to_proto(result, service.weights_address)
-
-    async def Publish(self, request, context):
-        try:
-            version, checksum, seconds = await asyncio.to_thread(self._service.publish)
-        except Exception as exc:  # e.g. the weight publisher's loop died: say so
-            await context.abort(grpc.StatusCode.INTERNAL, f"Publish failed: {exc!r}")
-        return trainer_pb2.PublishResponse(
-            version=version, weights_address=self._service.weights_address, checksum=checksum, publish_s=seconds
-        )
-
-    async def SaveCheckpoint(self, request, context):
-        try:
-            path = await asyncio.to_thread(self._service.save_checkpoint, _parse_position(request.data_position))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"SaveCheckpoint: {exc}")
-        except Exception as exc:  # disk full, permissions: report it, keep serving
-            await context.abort(grpc.StatusCode.INTERNAL, f"SaveCheckpoint failed: {exc!r}")
-        return trainer_pb2.SaveCheckpointResponse(path=str(path), version=self._service.trainer.version)
-
-    async def Finish(self, request, context):
-        try:
-            ckpt, export = await asyncio.to_thread(self._service.finish, _parse_position(request.data_position))
-        except ValueError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Finish: {exc}")
-        except Exception as exc:  # report it, keep serving
-            await context.abort(grpc.StatusCode.INTERNAL, f"Finish failed: {exc!r}")
-        return trainer_pb2.FinishResponse(
-            checkpoint_path=str(ckpt), export_path=str(export), version=self._service.trainer.version
-        )
-
-    async def Status(self, request, context):
-        s = self._service
-        last = s.trainer.result_of(s.trainer.steps_done)
-        counts = s.receiver.snapshot_counts()
-        return trainer_pb2.TrainerStatusResponse(
-            model=s.config.run.base_model,
-            steps_done=s.trainer.steps_done,
-            version=s.trainer.version,
-            published_version=s.trainer.state.published_version,
-            weights_address=s.weights_address,
-            groups_address=s.groups_address,
-            buffered_groups=len(s.buffer),
-            trained_rows=len(s.trainer.trained_row_ids),
-            samples_dropped=counts.get("samples_dropped", 0),
-            last_metrics=last.metrics if last else {},
-            world_size=s.trainer.ctx.world_size,
-        )
 
 
 def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = None) -> TrainerService:
@@ -421,39 +332,9 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
 
 
 async def serve(config: TrainerServiceConfig, trainer: PolicyTrainer) -> int:
-    """Run rank 0's service until SIGINT/SIGTERM (0, after checkpointing the last trained step) or a background
-    failure (1).
-
-    The checkpoint at a stop is the trainer's own doing, not a SaveCheckpoint call from the controller: it holds
-    whenever the trainer is stopped (Ctrl-C on `fleetrl up`, which stops the controller first and then the
-    trainer; a SIGTERM from docker or Kubernetes; a controller that is already gone), and it waits for a step in
-    flight under the same lock, so the weights saved are those of a complete step."""
-    service = create_server(config, trainer)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    code = 0
-    try:
-        await service.start()
-        await service.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        logger.info("trainer up: %s", json.dumps(service.addresses()))
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 1.0)
-            try:
-                service.check()
-            except RuntimeError as exc:
-                logger.error("stopping: %s", exc)
-                await service.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-                code = 1
-                break
-        logger.info("shutting down")
-        if code == 0:
-            await asyncio.to_thread(service.checkpoint_on_stop, config.stop_checkpoint_wait_s)
-    finally:
-        await service.stop()
-    return code
+    """Run rank 0's service under the shared shell until SIGINT/SIGTERM (0, after checkpointing the last trained
+    step) or a background failure (1); see `TrainerService.run`."""
+    return await run_service(create_server(config, trainer), ShellConfig.of(config))
 
 
 def run(config: TrainerServiceConfig) -> int:

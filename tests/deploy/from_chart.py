@@ -100,7 +100,12 @@ def _env(container: dict, manifests: list[dict], pod: str) -> dict[str, str]:
         source = var["valueFrom"]
         if "secretKeyRef" in source:
             ref = source["secretKeyRef"]
-            env[var["name"]] = _secret_data(by_kind(manifests, "Secret")[ref["name"]])[ref["key"]]
+            secret = by_kind(manifests, "Secret").get(ref["name"])
+            if secret is None or ref["key"] not in _secret_data(secret):
+                if ref.get("optional"):  # a Secret made outside the chart (existingSecret): unset, as in a pod
+                    continue
+                raise ValueError(f"{pod}: env {var['name']}: Secret {ref['name']} has no key {ref['key']}")
+            env[var["name"]] = _secret_data(secret)[ref["key"]]
         elif "fieldRef" in source and source["fieldRef"]["fieldPath"] == "metadata.name":
             env[var["name"]] = pod
         elif "fieldRef" in source and source["fieldRef"]["fieldPath"] == "status.podIP":

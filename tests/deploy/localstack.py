@@ -13,7 +13,7 @@ container path in a command line or the environment is rewritten to the folder s
 
 Hostnames are rewritten where they are addresses: `name:port` anywhere in an argument, and a whole argument that
 follows a flag ending in `host` (`--host 0.0.0.0`, `--advertise-host trainer`). The image's entrypoint (`tini --
-fleetrl`) runs as `python -m fleetrl.cli` with this interpreter.
+fleetrl`) runs as `python -m fleetrl` with this interpreter.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def local_command(argv: list[str]) -> list[str]:
         raise ValueError(f"empty command: {argv!r}")
     head, rest = args[0], args[1:]
     if head == "fleetrl":
-        return [sys.executable, "-m", "fleetrl.cli", *rest]
+        return [sys.executable, "-m", "fleetrl", *rest]
     if head in ("python", "python3"):
         return [sys.executable, *rest]
     if head == "torchrun":
@@ -239,7 +239,7 @@ class LocalStack:
             )
 
     def probe_once(self, service: LocalService) -> bool:
-        from fleetrl.health_probe import ProbeError, check_grpc, check_http
+        from fleetrl.commands.health import ProbeError, check_grpc, check_http
 
         probe = service.probe
         if probe is None:

@@ -1,18 +1,23 @@
 """The Helm chart k8s/fleetrl: rendered by Helm's own engine (helm-python-sdk) for the default values and the
-scaled GPU values file, every manifest validated against the Kubernetes schemas (kubernetes-validate), and the
-rendered pods' container commands run as local processes to train two steps."""
+scaled GPU values file, every manifest validated against the Kubernetes schemas (kubernetes-validate), the values
+schema, Pod Security "restricted", tokens from Secrets, alerts and dashboard, the rows from a volume or a URL,
+and the rendered pods' container commands run as local processes to train two steps."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.from_chart import CHART, by_kind, chart_services, render_chart, values_file
+from tests.deploy.from_chart import CHART, WORKLOADS, by_kind, chart_services, render_chart, values_file
 from tests.deploy.from_compose import dockerfile_entrypoint
 from tests.deploy.localstack import REPO, LocalStack
+from tests.deploy.pod_security import restricted_violations
 
 pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (pip; see docs/deploy.md, 'Checks')")
 kubernetes_validate = pytest.importorskip(
@@ -38,7 +43,10 @@ def validate_all(manifests: list[dict]) -> list[str]:
     checked = []
     for manifest in manifests:
         if manifest["apiVersion"].startswith("monitoring.coreos.com/"):
-            check_service_monitor(manifest)  # a CRD: its schema ships with prometheus-operator, not Kubernetes
+            # CRDs: their schemas ship with prometheus-operator, not Kubernetes
+            {"ServiceMonitor": check_service_monitor, "PrometheusRule": check_prometheus_rule}[manifest["kind"]](
+                manifest
+            )
             checked.append(manifest["kind"])
             continue
         for version in KUBE_VERSIONS:
@@ -62,6 +70,17 @@ def check_service_monitor(manifest: dict) -> None:
     for endpoint in spec["endpoints"]:
         assert set(endpoint) <= {"port", "path", "interval", "scheme", "relabelings", "metricRelabelings"}
         assert isinstance(endpoint["port"], str) and endpoint["path"].startswith("/")
+
+
+def check_prometheus_rule(manifest: dict) -> None:
+    """The fields prometheus-operator's PrometheusRule CRD requires, with their types."""
+    assert manifest["apiVersion"] == "monitoring.coreos.com/v1"
+    for group in manifest["spec"]["groups"]:
+        assert isinstance(group["name"], str) and group["rules"]
+        for rule in group["rules"]:
+            assert set(rule) <= {"alert", "record", "expr", "for", "labels", "annotations", "keep_firing_for"}
+            assert isinstance(rule["alert"], str) and isinstance(rule["expr"], str)
+            assert all(isinstance(v, str) for v in {**rule.get("labels", {}), **rule.get("annotations", {})}.values())
 
 
 def test_the_validator_rejects_a_broken_manifest(default_manifests):
@@ -172,8 +191,13 @@ def test_helm_lint_passes():
         assert not errors and not report["errors"], json.dumps(report, indent=1)
 
 
-def smoke_values(model_dir: str) -> dict:
-    rows = "".join(json.dumps({"prompt": f"count {i} to {i + 3}:"}) + "\n" for i in range(24))
+def write_rows(path: Path, n: int = 24) -> str:
+    """A JSONL rows file; returns its sha256."""
+    path.write_text("".join(json.dumps({"prompt": f"count {i} to {i + 3}:"}) + "\n" for i in range(n)))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def smoke_values(model_dir: str, rows_url: str, rows_sha256: str) -> dict:
     config = {
         "completions_per_prompt": 4,
         "prompt_groups_per_step": 2,
@@ -186,7 +210,11 @@ def smoke_values(model_dir: str) -> dict:
     }
     return {
         "model": {"volume": {"hostPath": {"path": model_dir, "type": "Directory"}}},
-        "run": {"config": config, "rollout": "tests.integration.up.rollouts:make_rollout_fn", "rows": rows},
+        "run": {
+            "config": config,
+            "rollout": "tests.integration.up.rollouts:make_rollout_fn",
+            "data": {"source": "url", "url": rows_url, "sha256": rows_sha256},
+        },
         "inference": {"engine": "hf", "extraArgs": []},
         "controller": {"metricsLingerSeconds": 1},
         "gateway": {"autoscaling": {"enabled": False}, "replicas": 1, "metricsLingerSeconds": 1},
@@ -197,8 +225,12 @@ def smoke_values(model_dir: str) -> dict:
 @pytest.mark.slow
 def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str):
     """Every pod the chart renders, its container's command as written (image entrypoint + args), started at
-    once as Kubernetes would; the gateway's init container holds it until the stack serves."""
-    manifests = render_chart(smoke_values(tiny_model_dir), name="smoke")
+    once as Kubernetes would; the controller's init container downloads the rows (a file:// URL standing for
+    the web) and checks their sha256, the gateway's holds it until the stack serves."""
+    rows = tmp_path / "served" / "train.jsonl"
+    rows.parent.mkdir()
+    sha256 = write_rows(rows)
+    manifests = render_chart(smoke_values(tiny_model_dir, rows.as_uri(), sha256), name="smoke")
     entrypoint = dockerfile_entrypoint(REPO / "docker" / "Dockerfile.cpu")
     pods, inits = chart_services(manifests, tmp_path, entrypoint)
     assert {p.role for p in pods} == {
@@ -219,6 +251,7 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str):
     assert (
         "healthy: SERVING" in (tmp_path / f"{next(p.name for p in pods if 'gateway' in p.role)}.init-0.log").read_text()
     )
+    assert f"sha256 {sha256}" in (tmp_path / f"{controller}.init-0.log").read_text()
 
 
 def test_a_lora_run_starts_inference_serving_adapters_of_its_rank():
@@ -254,3 +287,436 @@ def test_every_series_gets_the_run_label_from_the_pods():
             relabel = {"sourceLabels": ["__meta_kubernetes_pod_label_fleetrl_io_run"], "targetLabel": "run"}
             assert relabel in endpoint["relabelings"]
         validate_all(manifests)
+
+
+# --- values.schema.json -------------------------------------------------------------------------------------
+
+
+def render_error(values: dict) -> str:
+    """The message Helm fails with when rendering these values (the test fails when it renders)."""
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmError) as failure:
+        render_chart(values, name="bad")
+    return str(failure.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"inferance": {"replicas": 2}}, "'inferance' not allowed"),
+        ({"inference": {"replica": 2}}, "at '/inference': additional properties 'replica' not allowed"),
+        (
+            {"gateway": {"autoscaling": {"maxReplica": 4}}},
+            "at '/gateway/autoscaling': additional properties 'maxReplica'",
+        ),
+        ({"run": {"data": {"sorce": "url"}}}, "at '/run/data': additional properties 'sorce' not allowed"),
+        ({"run": {"rows": '{"prompt": "1+1="}'}}, "at '/run': additional properties 'rows' not allowed"),  # removed
+        ({"run": {"config": {"learnig_rate": 1e-6}}}, "invalid propertyName 'learnig_rate'"),
+    ],
+)
+def test_a_misspelt_key_fails_rendering_naming_it(values: dict, named: str):
+    assert named in render_error(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"inference": {"replicas": "two"}}, "at '/inference/replicas': got string, want integer"),
+        ({"serviceMonitor": {"enabled": "yes"}}, "at '/serviceMonitor/enabled': got string, want boolean"),
+        ({"trainer": {"grpcPort": 70000}}, "at '/trainer/grpcPort'"),
+        ({"run": {"data": {"source": "s3"}}}, "at '/run/data/source'"),
+        ({"run": {"data": {"source": "url"}}}, "at '/run/data/url': minLength"),  # url source without a URL
+        ({"run": {"data": {"source": "volume"}}}, "at '/run/data/claimName': minLength"),
+        ({"run": {"data": {"source": "url", "url": "https://x/r.jsonl", "sha256": "abc"}}}, "at '/run/data/sha256'"),
+    ],
+)
+def test_a_wrong_type_or_value_fails_rendering_naming_the_key(values: dict, named: str):
+    assert named in render_error(values)
+
+
+def test_both_shipped_values_files_pass_the_schema():
+    import helm_python as helm
+
+    with helm.Chart.load(str(CHART)) as chart:
+        assert chart.schema is not None
+        chart.validate_schema(values_file(CHART / "values.yaml"))
+        chart.validate_schema(chart.merge_values(values_file(SCALED)))
+
+
+def test_every_level_of_the_schema_rejects_unknown_keys():
+    """Each object the schema spells out (properties) closes it with additionalProperties: false; the open ones
+    are Kubernetes objects (checked by the API server) and string maps (labels, files)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    open_objects = []
+
+    def walk(node: dict, where: str) -> None:
+        if "properties" in node and node.get("additionalProperties") is not False:
+            open_objects.append(where)
+        for key, child in node.get("properties", {}).items():
+            walk(child, f"{where}/{key}")
+
+    walk(schema, "")
+    assert not open_objects, open_objects
+
+
+def test_run_config_keys_are_fleetrl_config_fields():
+    """run.config's key names in the schema are fleetrl.Config's fields: a new field needs its name added."""
+    from fleetrl import Config
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    names = schema["properties"]["run"]["properties"]["config"]["propertyNames"]["enum"]
+    assert sorted(names) == sorted(Config.model_fields)
+
+
+# --- Pod Security "restricted", the ServiceAccount ---------------------------------------------------------
+
+
+def everything_values() -> dict:
+    """Every optional part on: GPUs, the reference, rows from a URL, tokens, alerts, dashboard, gpu-scaled."""
+    return {
+        **values_file(SCALED),
+        "run": {
+            **values_file(SCALED)["run"],
+            "data": {"source": "url", "url": "https://example.com/rows/train.jsonl"},
+        },
+        "secrets": {"wandbApiKey": "wandb-secret-value", "hfToken": "hf_secret_value"},
+    }
+
+
+def pod_specs(manifests: list[dict]) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m["spec"]["template"]["spec"] for m in manifests if m["kind"] in WORKLOADS}
+
+
+@pytest.mark.parametrize("case", ["default", "scaled", "everything"])
+def test_every_pod_meets_pod_security_restricted(case: str):
+    values = {"default": {}, "scaled": values_file(SCALED), "everything": everything_values()}[case]
+    manifests = render_chart(values, name="psa")
+    pods = pod_specs(manifests)
+    assert len(pods) >= 4
+    problems = {name: restricted_violations(pod) for name, pod in pods.items()}
+    assert not {k: v for k, v in problems.items() if v}, problems
+    for name, pod in pods.items():
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert pod["securityContext"]["runAsUser"] == 10001 and pod["securityContext"]["fsGroup"] == 10001
+
+
+def test_the_restricted_check_catches_each_weakening(default_manifests):
+    """restricted_violations is not a no-op: each weakened field is reported."""
+    pod = copy.deepcopy(pod_specs(default_manifests)["demo-fleetrl-trainer"])
+    assert restricted_violations(pod) == []
+    container = pod["containers"][0]
+    container["securityContext"]["allowPrivilegeEscalation"] = True
+    container["securityContext"]["capabilities"] = {"drop": ["NET_RAW"], "add": ["SYS_ADMIN"]}
+    container["securityContext"]["readOnlyRootFilesystem"] = False
+    del pod["securityContext"]["seccompProfile"], container["securityContext"]["seccompProfile"]
+    pod["securityContext"]["runAsNonRoot"] = False
+    del container["securityContext"]["runAsNonRoot"]
+    pod["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    problems = "\n".join(restricted_violations(pod))
+    for rule in (
+        "allowPrivilegeEscalation",
+        "drop ALL",
+        "adds capabilities",
+        "root filesystem",
+        "seccomp",
+        "runAsNonRoot",
+        "volume host",
+    ):
+        assert rule in problems, rule
+
+
+def test_writable_paths_are_empty_dirs_over_a_read_only_root(default_manifests):
+    """/tmp, $HOME (Hugging Face and vLLM caches) and /var/lib/fleetrl (the run's log folder) are writable in
+    every main container; /dev/shm is an in-memory emptyDir for inference and trainer."""
+    for name, pod in pod_specs(default_manifests).items():
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        for path in ("/tmp", "/home/fleetrl", "/var/lib/fleetrl"):
+            assert "emptyDir" in volumes[mounts[path]["name"]] and not mounts[path].get("readOnly"), (name, path)
+        if name.endswith(("-inference", "-trainer")):
+            assert volumes[mounts["/dev/shm"]["name"]]["emptyDir"]["medium"] == "Memory"
+        run = mounts.get("/var/lib/fleetrl/run")
+        if name.endswith("-controller"):
+            assert "persistentVolumeClaim" in volumes[run["name"]]  # the ledger and metrics.jsonl survive
+
+
+def test_every_pod_runs_as_the_release_service_account_without_a_token(default_manifests):
+    (account,) = by_kind(default_manifests, "ServiceAccount").values()
+    assert account["metadata"]["name"] == "demo-fleetrl" and account["automountServiceAccountToken"] is False
+    for name, pod in pod_specs(default_manifests).items():
+        assert pod["serviceAccountName"] == "demo-fleetrl" and pod["automountServiceAccountToken"] is False, name
+    manifests = render_chart({"serviceAccount": {"create": False, "name": "rl-runner"}}, name="demo")
+    assert not by_kind(manifests, "ServiceAccount")
+    assert {p["serviceAccountName"] for p in pod_specs(manifests).values()} == {"rl-runner"}
+
+
+# --- Secrets for tracker and hub tokens ---------------------------------------------------------------------
+
+
+def container_env(pod: dict, container: str) -> dict[str, dict]:
+    (found,) = [c for c in [*pod.get("initContainers", []), *pod["containers"]] if c["name"] == container]
+    return {e["name"]: e for e in found.get("env", [])}
+
+
+def test_tokens_reach_the_pods_that_need_them_from_a_secret_never_a_config_map(tmp_path: Path):
+    manifests = render_chart(everything_values(), name="tok")
+    validate_all(manifests)
+    secret = by_kind(manifests, "Secret")["tok-fleetrl-tokens"]
+    assert {k: base64_text(v) for k, v in secret["data"].items()} == {
+        "WANDB_API_KEY": "wandb-secret-value",
+        "HF_TOKEN": "hf_secret_value",
+    }
+    for config_map in by_kind(manifests, "ConfigMap").values():
+        text = json.dumps(config_map)
+        assert "wandb-secret-value" not in text and "hf_secret_value" not in text
+    pods = pod_specs(manifests)
+    ref = {"secretKeyRef": {"name": "tok-fleetrl-tokens", "key": "WANDB_API_KEY"}}
+    assert container_env(pods["tok-fleetrl-controller"], "controller")["WANDB_API_KEY"]["valueFrom"] == ref
+    hf = {"secretKeyRef": {"name": "tok-fleetrl-tokens", "key": "HF_TOKEN"}}
+    assert container_env(pods["tok-fleetrl-controller"], "fetch-rows")["HF_TOKEN"]["valueFrom"] == hf
+    assert container_env(pods["tok-fleetrl-gateway"], "gateway")["HF_TOKEN"]["valueFrom"] == hf
+    for name, pod in pods.items():  # no token where nothing uses it
+        for container in pod["containers"]:
+            env = container_env(pod, container["name"])
+            assert ("WANDB_API_KEY" in env) == name.endswith("-controller"), name
+            assert ("HF_TOKEN" in env) == name.endswith("-gateway"), name
+            assert all("value" not in e for k, e in env.items() if k in ("WANDB_API_KEY", "HF_TOKEN"))
+    local, _ = chart_services(manifests, tmp_path, ["fleetrl"])  # as the pod sees it: the Secret's value
+    assert next(p for p in local if p.role == "tok-fleetrl-controller").env["WANDB_API_KEY"] == "wandb-secret-value"
+
+
+def test_tokens_from_an_existing_secret_and_none_at_all(default_manifests, tmp_path: Path):
+    manifests = render_chart(
+        {"secrets": {"existingSecret": "team-tokens", "wandbApiKeyKey": "wandb", "hfTokenKey": "hf"}}, name="ex"
+    )
+    validate_all(manifests)
+    assert "ex-fleetrl-tokens" not in by_kind(manifests, "Secret")
+    pods = pod_specs(manifests)
+    wandb = container_env(pods["ex-fleetrl-controller"], "controller")["WANDB_API_KEY"]["valueFrom"]
+    assert wandb == {"secretKeyRef": {"name": "team-tokens", "key": "wandb", "optional": True}}
+    hf = container_env(pods["ex-fleetrl-gateway"], "gateway")["HF_TOKEN"]["valueFrom"]
+    assert hf == {"secretKeyRef": {"name": "team-tokens", "key": "hf", "optional": True}}
+    local, _ = chart_services(manifests, tmp_path, ["fleetrl"])  # optional and absent: the variable is unset
+    assert "WANDB_API_KEY" not in next(p for p in local if p.role == "ex-fleetrl-controller").env
+    assert set(by_kind(default_manifests, "Secret")) == {"demo-fleetrl-auth"}
+    for pod in pod_specs(default_manifests).values():
+        env = container_env(pod, pod["containers"][0]["name"])
+        assert not {"WANDB_API_KEY", "HF_TOKEN"} & set(env)
+
+
+def base64_text(value: str) -> str:
+    import base64
+
+    return base64.b64decode(value).decode()
+
+
+# --- PrometheusRule and the Grafana dashboard ---------------------------------------------------------------
+
+PROMQL_WORDS = {
+    "up", "time", "resets", "increase", "rate", "max_over_time", "sum", "by", "and", "or", "unless", "on",
+    "namespace", "run", "kind", "outcome", "app_kubernetes_io_component",
+}  # fmt: skip
+
+
+def exported_by_services(name: str) -> bool:
+    """A fleetrl series name is documented in docs/metrics.md (checked against a live scrape of every service
+    by test_metrics_docs.py) and its metric module names it (services/<service>/metrics.py)."""
+    from tests.deploy.test_metrics_docs import documented_names
+
+    service = name.split("_")[1]
+    source = (REPO / "services" / service / "metrics.py").read_text()
+    rest = name.removeprefix(f"fleetrl_{service}_").removesuffix("_total")
+    return name in documented_names() and re.search(rf'["_]{re.escape(rest)}"', source) is not None
+
+
+def rule_spec(values: dict | None = None, name: str = "demo") -> dict:
+    manifests = render_chart({"prometheusRule": {"enabled": True}, **(values or {})}, name=name)
+    (rule,) = by_kind(manifests, "PrometheusRule").values()
+    check_prometheus_rule(rule)
+    return rule["spec"]
+
+
+def test_prometheus_rule_is_off_by_default_and_alerts_on_exported_metrics(default_manifests):
+    assert not by_kind(default_manifests, "PrometheusRule")
+    spec = rule_spec({"inference": {"replicas": 3}, "run": {"name": "gsm8k"}})
+    rules = {r["alert"]: r for group in spec["groups"] for r in group["rules"]}
+    for alert in ("FleetrlControllerDown", "FleetrlNoTrainingStep", "FleetrlInferenceReplicaMissing",
+                  "FleetrlTrainerMissing", "FleetrlTargetDown"):  # fmt: skip
+        assert alert in rules, alert
+    assert (
+        'fleetrl_controller_members{namespace="rl", run="gsm8k", kind="inference"} < 3'
+        in (rules["FleetrlInferenceReplicaMissing"]["expr"])
+    )
+    assert rules["FleetrlNoTrainingStep"]["expr"].endswith("> 900")
+    for alert, rule in rules.items():
+        assert 'run="gsm8k"' in rule["expr"] and 'namespace="rl"' in rule["expr"], alert  # this run only
+        names = set(re.findall(r"\b[a-z_][a-z0-9_]*\b", re.sub(r'"[^"]*"|\[[^]]*\]', "", rule["expr"])))
+        metrics = {n for n in names if n.startswith("fleetrl_")}
+        assert names - metrics <= PROMQL_WORDS, (alert, names - metrics)
+        for metric in metrics:
+            assert exported_by_services(metric), f"{alert}: {metric} is not exported by the services"
+    assert not exported_by_services("fleetrl_controller_run_failed")  # the check can fail
+
+
+def test_prometheus_rule_passes_promtool_and_fires(tmp_path: Path):
+    """promtool checks the rendered groups and unit-tests two alerts on this run's series: a missing inference
+    replica (2 of 3) for 5 minutes, and no step for noStepMinutes; another run's series never fire them."""
+    import shutil
+
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool is not installed (Debian package prometheus: see docs/deploy.md, 'Checks')")
+    spec = rule_spec({"inference": {"replicas": 3}, "prometheusRule": {"enabled": True, "noStepMinutes": 10}})
+    rules = tmp_path / "rules.yml"
+    rules.write_text(json.dumps(spec))
+    check = subprocess.run(["promtool", "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    this, other = 'namespace="rl", run="demo"', 'namespace="rl", run="other"'
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f'fleetrl_controller_members{{{this}, kind="inference"}}', "values": "3 3 2x10"},
+                    {"series": f'fleetrl_controller_members{{{other}, kind="inference"}}', "values": "1x12"},
+                    {"series": f"fleetrl_controller_last_step_timestamp_seconds{{{this}}}", "values": "0x20"},
+                ],
+                "alert_rule_test": [
+                    {"eval_time": "5m", "alertname": "FleetrlInferenceReplicaMissing", "exp_alerts": []},
+                    {
+                        "eval_time": "9m",
+                        "alertname": "FleetrlInferenceReplicaMissing",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {
+                                    "severity": "warning",
+                                    "namespace": "rl",
+                                    "run": "demo",
+                                    "kind": "inference",
+                                },
+                                "exp_annotations": {
+                                    "summary": "Fewer inference replicas than the 3 deployed",
+                                    "description": "Only 2 of run demo's 3 inference replicas have been live members of"
+                                    " the controller for 5 minutes: a replica is down, restarting or cannot reach the"
+                                    " controller. Rollouts go to the others.",
+                                },
+                            }
+                        ],
+                    },
+                    {"eval_time": "9m", "alertname": "FleetrlNoTrainingStep", "exp_alerts": []},
+                    {
+                        "eval_time": "12m",
+                        "alertname": "FleetrlNoTrainingStep",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {"severity": "critical", "namespace": "rl", "run": "demo"},
+                                "exp_annotations": {
+                                    "summary": "No training step for 10 minutes",
+                                    "description": "Run demo finished its last step 12m 0s ago (or started that long"
+                                    " ago without one). fleetrl_controller_rollout_queue_depth and"
+                                    " fleetrl_controller_rows_in_flight show whether rows are being worked on.",
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "rules.test.yml"
+    test_file.write_text(json.dumps(tests))
+    result = subprocess.run(["promtool", "test", "rules", str(test_file)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_dashboard_config_map_carries_the_repo_dashboard(default_manifests):
+    assert not [m for m in default_manifests if "grafana_dashboard" in m["metadata"]["labels"]]
+    manifests = render_chart(
+        {"grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "fleetrl"}}}, name="demo"
+    )
+    validate_all(manifests)
+    (dashboard,) = [m for m in manifests if m["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert dashboard["kind"] == "ConfigMap" and dashboard["metadata"]["annotations"] == {"grafana_folder": "fleetrl"}
+    repo_dashboard = REPO / "monitoring" / "grafana" / "dashboards" / "fleetrl.json"
+    assert json.loads(dashboard["data"]["fleetrl.json"]) == json.loads(repo_dashboard.read_text())
+
+
+# --- The prompt rows: a volume or a URL ---------------------------------------------------------------------
+
+
+def controller_service(manifests: list[dict], workdir: Path):
+    """(LocalStack, the controller's LocalService, its init containers) from the rendered chart."""
+    pods, inits = chart_services(manifests, workdir, dockerfile_entrypoint(REPO / "docker" / "Dockerfile.cpu"))
+    stack = LocalStack(pods, workdir, first_address=200)
+    controller = next(p for p in pods if p.role.endswith("-controller"))
+    return stack, controller, inits[controller.name]
+
+
+def rows_argument(stack: LocalStack, controller) -> Path:
+    """The --rows file of the controller's command, with its container paths turned into local folders."""
+    argv = stack.command(controller)
+    return Path(argv[argv.index("--rows") + 1])
+
+
+def test_rows_from_an_existing_volume(tmp_path: Path):
+    """source volume: the claim is mounted read-only and --rows names the file in it; the rows are no
+    ConfigMap's data."""
+    values = {"run": {"data": {"source": "volume", "claimName": "datasets", "claimPath": "gsm8k/train.jsonl"}}}
+    manifests = render_chart(values, name="vol")
+    validate_all(manifests)
+    pod = pod_specs(manifests)["vol-fleetrl-controller"]
+    data = next(v for v in pod["volumes"] if v["name"] == "data")
+    assert data["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "data")
+    assert mount == {"name": "data", "mountPath": "/var/lib/fleetrl/data", "readOnly": True}
+    stack, controller, inits = controller_service(manifests, tmp_path)
+    assert not inits
+    on_claim = tmp_path / "pvc" / "datasets" / "gsm8k" / "train.jsonl"  # what from_chart mounts for the claim
+    on_claim.parent.mkdir(parents=True)
+    sha = write_rows(on_claim, n=3)
+    rows = rows_argument(stack, controller)
+    assert hashlib.sha256(rows.read_bytes()).hexdigest() == sha  # the claim's file, through the mount
+    assert all("rows" not in key for cm in by_kind(manifests, "ConfigMap").values() for key in cm["data"])
+
+
+def test_rows_from_a_url_are_fetched_and_checked_by_an_init_container(tmp_path: Path):
+    """source url: the controller's init container downloads the URL (file:// here) into the data emptyDir that
+    the controller mounts read-only; a wrong sha256 fails it and leaves no file for the controller."""
+    served = tmp_path / "served" / "train.jsonl"
+    served.parent.mkdir()
+    sha = write_rows(served, n=5)
+    for expected, code in ((sha, 0), ("0" * 64, 1)):
+        workdir = tmp_path / f"run-{code}"
+        values = {"run": {"data": {"source": "url", "url": served.as_uri(), "sha256": expected.upper()}}}
+        manifests = render_chart(values, name="url")
+        validate_all(manifests)
+        stack, controller, inits = controller_service(manifests, workdir)
+        (fetch,) = inits
+        fetch.address = controller.address
+        result = subprocess.run(
+            stack.command(fetch), env=stack.environment(fetch), cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == code, result.stdout + result.stderr
+        rows = rows_argument(stack, controller)
+        assert rows.name == "train.jsonl"
+        if code == 0:
+            assert rows.read_bytes() == served.read_bytes() and f"sha256 {sha}" in result.stdout
+        else:
+            assert not rows.exists() and "expected " + "0" * 64 in result.stderr
+            assert not list(rows.parent.iterdir())  # no partial file either
+
+
+def test_a_url_source_opens_egress_to_its_port_only_for_the_controller():
+    for url, port in (("https://huggingface.co/datasets/x/resolve/main/a.parquet", 443),
+                      ("http://minio.data:9000/rows/a.jsonl", 9000)):  # fmt: skip
+        manifests = render_chart({"run": {"data": {"source": "url", "url": url}}}, name="eg")
+        validate_all(manifests)
+        policy = by_kind(manifests, "NetworkPolicy")["eg-fleetrl-fetch-rows"]["spec"]
+        assert policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "controller"
+        assert policy["egress"] == [{"ports": [{"port": port, "protocol": "TCP"}]}]
+        args = pod_specs(manifests)["eg-fleetrl-controller"]["containers"][0]["args"]
+        assert args[args.index("--rows") + 1] == "/var/lib/fleetrl/data/" + url.rsplit("/", 1)[1]
+    manifests = render_chart({"run": {"data": {"source": "url", "url": "file:///opt/rows.jsonl"}}}, name="eg")
+    assert "eg-fleetrl-fetch-rows" not in by_kind(manifests, "NetworkPolicy")

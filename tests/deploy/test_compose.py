@@ -128,7 +128,7 @@ def test_services_find_each_other_by_name_and_gateways_need_no_per_replica_confi
     assert services["trainer-gpu"]["command"][services["trainer-gpu"]["command"].index("--device") + 1] == "cuda"
     for name in ("controller", "gateway", "inference", "trainer", "reference"):
         test = services[name]["healthcheck"]["test"]
-        assert test[:4] == ["CMD", "python", "-m", "fleetrl.health_probe"], name
+        assert test[:4] == ["CMD", "python", "-m", "fleetrl.commands.health"], name
     assert any(v.startswith("fleetrl-checkpoints:") for v in services["trainer"]["volumes"])
     assert any(v.startswith("fleetrl-run:") for v in services["controller"]["volumes"])
 

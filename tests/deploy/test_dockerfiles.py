@@ -61,7 +61,7 @@ def test_runtime_stage_has_no_build_tools_and_a_non_root_user(target):
 def test_healthcheck_entrypoint_and_ports(target):
     _, runtime = stages(target)
     (health,) = [c for c in runtime if c.cmd == "HEALTHCHECK"]
-    assert health.value == ("CMD", "python", "-m", "fleetrl.health_probe", "--auto")
+    assert health.value == ("CMD", "python", "-m", "fleetrl.commands.health", "--auto")
     (entry,) = [c for c in runtime if c.cmd == "ENTRYPOINT"]
     assert entry.json and list(entry.value) == ["tini", "--", "fleetrl"]
     exposed = {int(p) for c in runtime if c.cmd == "EXPOSE" for p in c.value}
@@ -76,7 +76,7 @@ def test_build_context_keeps_what_the_install_needs(target):
         if line.strip() and not line.startswith("#")
     ]
     needed = ["pyproject.toml", "setup.py", "README.md", "constraints-cpu.txt", "scripts/install.sh"]
-    needed += ["fleetrl/__init__.py", "fleetrl/health_probe.py", "services/controller/launcher.py"]
+    needed += ["fleetrl/__init__.py", "fleetrl/commands/health.py", "services/controller/launcher.py"]
     for path in needed:
         assert (REPO / path).exists(), path
         assert not any(fnmatch.fnmatch(path, p) or path.split("/")[0] == p for p in patterns), path

@@ -1,4 +1,4 @@
-"""fleetrl.health_probe against real servers: a fleetrl gRPC server with auth on, and a /metrics endpoint."""
+"""fleetrl.commands.health against real servers: a fleetrl gRPC server with auth on, and a /metrics endpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 
-from fleetrl.health_probe import ProbeError, check_grpc, main, probe_target, resolves
+from fleetrl.commands.health import ProbeError, check_grpc, main, probe_target, resolves
 from fleetrl.rpc import create_grpc_server
 from fleetrl.telemetry import start_metrics_server
 from tests.deploy.from_compose import load_compose

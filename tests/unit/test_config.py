@@ -130,7 +130,7 @@ def test_non_finite_numbers_fail_at_start_naming_the_field(field, value):
 
 def test_non_finite_numbers_fail_in_service_configs_too():
     from fleetrl.config import build_service_config
-    from fleetrl.services.gateway.config import GatewayConfig
+    from fleetrl.gateway.config import GatewayConfig
 
     with pytest.raises(ConfigError, match="rollout_timeout_s: Input should be a finite number"):
         build_service_config(GatewayConfig, {"run": Config(), "rollout": "m:f", "rollout_timeout_s": float("nan")}, "g")

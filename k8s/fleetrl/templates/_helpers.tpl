@@ -56,6 +56,60 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- default (include "fleetrl.component" (dict "ctx" . "component" "auth")) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{/* The Secret with the tracker and hub tokens: secrets.existingSecret, else the chart's own (empty when
+     neither holds anything). */}}
+{{- define "fleetrl.tokensSecretName" -}}
+{{- if .Values.secrets.existingSecret -}}
+{{- .Values.secrets.existingSecret -}}
+{{- else if or .Values.secrets.wandbApiKey .Values.secrets.hfToken -}}
+{{- include "fleetrl.component" (dict "ctx" . "component" "tokens") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Token env vars from that Secret: fleetrl.tokenEnv (dict "ctx" $ "tokens" (list "wandb" "hf")). */}}
+{{- define "fleetrl.tokenEnv" -}}
+{{- $s := .ctx.Values.secrets -}}
+{{- $name := include "fleetrl.tokensSecretName" .ctx -}}
+{{- $vars := dict "wandb" (list "WANDB_API_KEY" $s.wandbApiKeyKey $s.wandbApiKey) "hf" (list "HF_TOKEN" $s.hfTokenKey $s.hfToken) -}}
+{{- range $token := .tokens }}
+{{- $var := index $vars $token }}
+{{- if or $s.existingSecret (index $var 2) }}
+- name: {{ index $var 0 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $name }}
+      key: {{ ternary (index $var 1) (index $var 0) (not (empty $s.existingSecret)) }}
+      {{- if $s.existingSecret }}
+      optional: true
+      {{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "fleetrl.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "fleetrl.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The prompt rows: where the controller reads them (--rows), and the file name a download keeps. */}}
+{{- define "fleetrl.dataFileName" -}}
+{{- $name := base (urlParse .Values.run.data.url).path -}}
+{{- if or (eq $name "/") (eq $name ".") (eq $name "") -}}rows.jsonl{{- else -}}{{ $name }}{{- end -}}
+{{- end -}}
+{{- define "fleetrl.rowsFile" -}}
+{{- $d := .Values.run.data -}}
+{{- if eq $d.source "volume" -}}
+{{- printf "/var/lib/fleetrl/data/%s" (trimPrefix "/" $d.claimPath) -}}
+{{- else if eq $d.source "url" -}}
+{{- printf "/var/lib/fleetrl/data/%s" (include "fleetrl.dataFileName" .) -}}
+{{- else -}}
+{{- $d.file -}}
+{{- end -}}
+{{- end -}}
+
 {{/* "true" when the reference service runs: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
      0.001 when run.config has no kl_beta) and full fine-tuning: a LoRA run (lora_rank > 0) takes its reference
      logprobs from the base weights with the adapter disabled, in the trainer. */}}
@@ -103,7 +157,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   value: /etc/fleetrl/user
 {{- end -}}
 
-{{/* Mounts every container has: run config, user files, the model, writable /tmp and home. */}}
+{{/* Mounts every container has: run config, user files, the model, writable /tmp, home (the Hugging Face and
+     vLLM caches) and /var/lib/fleetrl (the working directory and the run's log folder) over a read-only root. */}}
 {{- define "fleetrl.volumeMounts" -}}
 - name: run-config
   mountPath: /etc/fleetrl/run
@@ -120,6 +175,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   mountPath: /tmp
 - name: home
   mountPath: /home/fleetrl
+- name: work
+  mountPath: /var/lib/fleetrl
 {{- end -}}
 
 {{- define "fleetrl.volumes" -}}
@@ -129,10 +186,6 @@ app.kubernetes.io/instance: {{ .Release.Name }}
     items:
       - key: run.toml
         path: run.toml
-{{- if .Values.run.rows }}
-      - key: rows.jsonl
-        path: rows.jsonl
-{{- end }}
 - name: user-files
   configMap:
     name: {{ include "fleetrl.component" (dict "ctx" . "component" "user-files") }}
@@ -144,10 +197,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   emptyDir: {}
 - name: home
   emptyDir: {}
+- name: work
+  emptyDir: {}
 {{- end -}}
 
 {{/* Pod-level settings: fleetrl.podCommon (dict "ctx" $ "values" .Values.trainer) */}}
 {{- define "fleetrl.podCommon" -}}
+serviceAccountName: {{ include "fleetrl.serviceAccountName" .ctx }}
+automountServiceAccountToken: false
 {{- with .ctx.Values.imagePullSecrets }}
 imagePullSecrets:
 {{- toYaml . | nindent 2 }}

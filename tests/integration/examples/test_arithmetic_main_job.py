@@ -50,7 +50,7 @@ def test_main_job_learns(tmp_path, warm_started, arm):
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
     up = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "up", "examples/arithmetic/run.toml", *args],
+        [sys.executable, "-m", "fleetrl", "up", "examples/arithmetic/run.toml", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -73,7 +73,7 @@ def test_main_job_learns(tmp_path, warm_started, arm):
     train_start = sum(m["rollout/raw_reward"] for m in steps[:10]) / 10
     train_end = sum(m["rollout/raw_reward"] for m in steps[-10:]) / 10
     assert train_end >= train_start + 0.1, (train_start, train_end)
-    plot = subprocess.run([sys.executable, "-m", "fleetrl.cli", "plot", str(run_dir)], cwd=REPO, capture_output=True)
+    plot = subprocess.run([sys.executable, "-m", "fleetrl", "plot", str(run_dir)], cwd=REPO, capture_output=True)
     assert plot.returncode == 0 and (run_dir / "curves.png").stat().st_size > 10_000
     adapter = run_dir / "final" / "adapter_config.json"
     assert adapter.exists() == (arm == "lora"), sorted(p.name for p in (run_dir / "final").iterdir())

@@ -76,7 +76,7 @@ def test_run_toml_runs_with_fleetrl_up(tiny_model_dir, tmp_path):
     overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     config = EXAMPLES / "multi_turn_message_in" / "run.toml"
     result = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config), *overrides],
+        [sys.executable, "-m", "fleetrl", "up", str(config), *overrides],
         cwd=REPO,  # run.toml's dataset path is relative to the repository root
         capture_output=True,
         text=True,

@@ -18,11 +18,8 @@ import math
 import torch
 from transformers import AutoModelForCausalLM
 
-from fleetrl.services.inference.engine import (
-    InferenceEngine,
-    SamplingRequest,
-    WeightLoadError,
-)
+from fleetrl.clients.inference_types import SamplingRequest, WeightLoadError
+from fleetrl.services.inference.engine import InferenceEngine
 from fleetrl.weights import WeightPublisher
 
 LOGPROB_TOL = 1e-3

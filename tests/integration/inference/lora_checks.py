@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from fleetrl.services.inference.engine import InferenceEngine, SamplingRequest, WeightLoadError
+from fleetrl.clients.inference_types import SamplingRequest, WeightLoadError
+from fleetrl.services.inference.engine import InferenceEngine
 from fleetrl.trainer.model import sequence_logprobs
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference.conformance import LOGPROB_TOL, load_reference

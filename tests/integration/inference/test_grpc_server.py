@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.clients.inference_proto import completions_from_proto
+from fleetrl.clients.inference_types import SamplingRequest
 from fleetrl.rpc import check_health, open_channel
 from fleetrl.services.inference.config import InferenceConfig
-from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.services.inference.hf_engine import HFEngine
 from fleetrl.services.inference.server import create_server
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc

@@ -1,8 +1,9 @@
-"""`fleetrl serve inference --engine hf` as a real process: ports from its log, gRPC, HTTP, /metrics, a weight
-load logged with its pause, clean exit on SIGTERM."""
+"""`fleetrl serve inference --engine hf` as a real process: ports from its ready file, gRPC, HTTP, /metrics, a
+weight load logged with its pause, clean exit on SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -17,12 +18,12 @@ import urllib.request
 import pytest
 from transformers import AutoModelForCausalLM
 
+from fleetrl.ready_file import wait_ready_file
 from fleetrl.rpc import open_channel
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 from fleetrl.weights import WeightPublisher
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]  # a `fleetrl serve inference` process
-UP = re.compile(r"inference server up: .* grpc 127\.0\.0\.1:(\d+), http (\d+), metrics (\d+)")
 
 
 class _Lines:
@@ -56,12 +57,12 @@ def _get(url: str, token: str) -> str:
         return reply.read().decode()
 
 
-async def test_the_launched_server_serves_everything_and_stops_cleanly(tiny_model_dir: str) -> None:
+async def test_the_launched_server_serves_everything_and_stops_cleanly(tiny_model_dir: str, tmp_path) -> None:
     env = dict(os.environ, FLEETRL_AUTH_TOKEN="launch-token")
     cmd = [
         sys.executable,
         "-m",
-        "fleetrl.cli",
+        "fleetrl",
         "serve",
         "inference",
         "--model",
@@ -74,11 +75,17 @@ async def test_the_launched_server_serves_everything_and_stops_cleanly(tiny_mode
         "0",
         "--metrics-port",
         "0",
+        "--ready-file",
+        str(tmp_path / "ready.json"),
     ]
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     try:
         lines = _Lines(proc)
-        grpc_port, http_port, metrics_port = map(int, lines.wait_for(UP, 120).groups())
+        ready = await asyncio.to_thread(wait_ready_file, tmp_path / "ready.json", 120, proc)
+        assert set(ready) == {"host", "grpc_port", "http_port", "metrics_port"}  # `fleetrl up` and compose read these
+        assert ready["host"] == "127.0.0.1"
+        grpc_port, http_port, metrics_port = ready["grpc_port"], ready["http_port"], ready["metrics_port"]
+        lines.wait_for(rf"inference server up: .* grpc 127\.0\.0\.1:{grpc_port}, http {http_port}", 10)
         models = json.loads(_get(f"http://127.0.0.1:{http_port}/v1/models", "launch-token"))
         assert models["data"][0]["id"] == os.path.basename(tiny_model_dir)
         state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()

@@ -6,8 +6,8 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from fleetrl.clients.inference_types import SamplingRequest
 from fleetrl.services.inference.config import InferenceConfig
-from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.services.inference.hf_engine import HFEngine
 from fleetrl.services.inference.server import create_server
 from tests.integration.inference import conformance
@@ -132,6 +132,6 @@ async def test_errors_are_openai_shaped(served):
 
 
 def _as_completion(extra: dict, prompt_len: int):
-    from fleetrl.services.inference.engine import Completion
+    from fleetrl.clients.inference_types import Completion
 
     return Completion(extra["token_ids"], extra["token_logprobs"], "length", prompt_len, extra["versions"])

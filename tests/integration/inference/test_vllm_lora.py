@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("peft")
 
-from fleetrl.services.inference.engine import SamplingRequest
+from fleetrl.clients.inference_types import SamplingRequest
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import lora_checks
 from tests.integration.inference.conformance import LOGPROB_TOL

@@ -18,9 +18,9 @@ import openai
 from transformers import AutoTokenizer
 
 from fleetrl.clients.inference import InferenceClient
+from fleetrl.clients.inference_types import Completion, SamplingRequest
 from fleetrl.rpc import check_health, open_channel
 from fleetrl.services.inference.config import InferenceConfig
-from fleetrl.services.inference.engine import Completion, SamplingRequest
 from fleetrl.services.inference.server import create_server
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import conformance

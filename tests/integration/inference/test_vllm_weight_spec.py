@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from fleetrl.services.inference.engine import WeightLoadError
+from fleetrl.clients.inference_types import WeightLoadError
 from fleetrl.services.inference.vllm_worker import (
     _spec_from_checkpoint,
     check_manifest,

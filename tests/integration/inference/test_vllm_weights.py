@@ -21,7 +21,7 @@ pytest.importorskip("vllm")
 
 from safetensors import safe_open
 
-from fleetrl.services.inference.engine import SamplingRequest, WeightLoadError
+from fleetrl.clients.inference_types import SamplingRequest, WeightLoadError
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import conformance
 from tests.integration.inference.conftest import VLLM_TEST_MARKS

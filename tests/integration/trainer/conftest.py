@@ -25,7 +25,7 @@ def service_process(args: list[str], workdir: Path, name: str, timeout_s: float 
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetrl.cli", "serve", *args, "--ready-file", str(ready)],
+            [sys.executable, "-m", "fleetrl", "serve", *args, "--ready-file", str(ready)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -33,7 +33,7 @@ seed = 3
 
 
 def _train(toml, groups, log_path, *extra: str) -> None:
-    cmd = [sys.executable, "-m", "fleetrl.cli", "serve", "trainer", "--config", str(toml), "--standalone", str(groups)]
+    cmd = [sys.executable, "-m", "fleetrl", "serve", "trainer", "--config", str(toml), "--standalone", str(groups)]
     cmd += ["--set", f'log_path="{log_path}"', "--total-steps", "5", "--no-metrics", *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -41,11 +41,7 @@ async def test_auto_steps_hook_publish_and_checkpoint(tiny_model_dir, tmp_path):
             for group in tiny_groups(tiny_model_dir, num_groups=5):
                 sender.send(group)
         for _ in range(600):
-            if (
-                service.trainer.version == 2
-                and service._auto_thread is not None
-                and not service._auto_thread.is_alive()
-            ):
+            if service.trainer.version == 2 and service.auto_steps is not None and not service.auto_steps.is_alive():
                 break
             await asyncio.sleep(0.05)
         service.check()

@@ -41,7 +41,7 @@ def write_run(tmp_path: Path, model_dir: str, run: dict, up: dict, n_rows: int =
 
 def fleetrl_up(config: Path, timeout_s: float = 420, extra: list[str] = ()) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config), *extra],
+        [sys.executable, "-m", "fleetrl", "up", str(config), *extra],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -52,7 +52,7 @@ def fleetrl_up(config: Path, timeout_s: float = 420, extra: list[str] = ()) -> s
 def start_fleetrl_up(config: Path, *extra: str) -> subprocess.Popen[str]:
     """`fleetrl up` in the background (stop it with `proc.communicate` / `proc.kill`)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.cli", "up", str(config), *extra],
+        [sys.executable, "-m", "fleetrl", "up", str(config), *extra],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

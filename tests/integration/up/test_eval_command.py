@@ -30,7 +30,7 @@ def write_config(tmp_path, model_dir, up):
 
 def fleetrl_eval(*args):
     return subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "eval", *map(str, args)],
+        [sys.executable, "-m", "fleetrl", "eval", *map(str, args)],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -183,7 +183,7 @@ def test_a_replica_started_by_hand_joins_a_running_run_and_takes_traffic(tmp_pat
         controller = json.loads((run_dir / "ready" / "controller.json").read_text())["address"]
         token = (run_dir / "auth_token").read_text().strip()
         ready = tmp_path / "extra.json"
-        argv = [sys.executable, "-m", "fleetrl.cli", "serve", "inference", "--model", tiny_model_dir]
+        argv = [sys.executable, "-m", "fleetrl", "serve", "inference", "--model", tiny_model_dir]
         argv += ["--engine", "hf", "--grpc-port", "0", "--no-http", "--no-metrics", "--ready-file", str(ready)]
         argv += ["--controller", controller, "--member-id", "inference-extra"]
         env = {**os.environ, "FLEETRL_AUTH_TOKEN": token, "OMP_NUM_THREADS": "1"}

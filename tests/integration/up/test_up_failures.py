@@ -109,7 +109,7 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
         # Auth is on by default: the run's random token is in its log folder, and a client without it is refused.
         assert (run_dir / "auth_token").stat().st_mode & 0o777 == 0o600
         status = subprocess.run(
-            [sys.executable, "-m", "fleetrl.cli", "status", "--run", str(run_dir)],
+            [sys.executable, "-m", "fleetrl", "status", "--run", str(run_dir)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -119,7 +119,7 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
         assert "trainer version " in status.stdout  # asked of the trainer itself
         # With no argument, from the run's folder: found from its ready files; --json keeps numbers as numbers.
         here = subprocess.run(
-            [sys.executable, "-m", "fleetrl.cli", "status", "--json"],
+            [sys.executable, "-m", "fleetrl", "status", "--json"],
             cwd=run_dir,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             capture_output=True,
@@ -132,7 +132,7 @@ def test_status_then_a_crashed_trainer_stops_the_run_with_its_log_tail(tmp_path,
         assert isinstance(reply["trainer"]["version"], int) and reply["trainer"]["version"] >= 1
         assert reply["trainer"]["steps_done"] >= reply["trained_steps"] and reply["log_path"] == str(run_dir)
         refused = subprocess.run(
-            [sys.executable, "-m", "fleetrl.cli", "status", address], capture_output=True, text=True, timeout=60
+            [sys.executable, "-m", "fleetrl", "status", address], capture_output=True, text=True, timeout=60
         )
         assert refused.returncode == 1 and "UNAUTHENTICATED" in refused.stderr
         # A local process injecting a forged group (row 0, a reward of 1e9) without the token: dropped unread.

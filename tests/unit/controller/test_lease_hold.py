@@ -14,6 +14,7 @@ from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.gate import OffPolicyGate
+from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.v1 import controller_pb2
@@ -34,9 +35,8 @@ def make(tmp_path, evaluation: bool = False) -> tuple[ControllerServicer, Orches
     )
     members = MemberRegistry(heartbeat_timeout_s=30)
     members.register("inference", "inference-0", "127.0.0.1:1", NOW)
-    orch = Orchestrator(
-        Config(), scheduler, members, metrics_path=tmp_path / "m.jsonl", evaluation=evaluation, clock=lambda: NOW
-    )
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", evaluation=evaluation)
+    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=lambda: NOW)
     servicer = ControllerServicer(scheduler, members, orch, run_id="r", heartbeat_interval_s=2.0, clock=lambda: NOW)
     return servicer, orch
 

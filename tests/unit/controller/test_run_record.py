@@ -15,6 +15,7 @@ from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.gate import OffPolicyGate
 from fleetrl.metrics_jsonl import SUPERSEDED, read_lines
+from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator, RunFailed
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.v1 import controller_pb2
@@ -31,13 +32,8 @@ def make(tmp_path, **kw) -> tuple[RowScheduler, Orchestrator]:
     scheduler = RowScheduler(
         DatasetCursor([{"q": i} for i in range(4)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
     )
-    orch = Orchestrator(
-        Config(max_seq_len=16, max_completion_tokens=8),
-        scheduler,
-        MemberRegistry(30),
-        metrics_path=tmp_path / "metrics.jsonl",
-        **kw,
-    )
+    config = ControllerConfig(run=Config(max_seq_len=16, max_completion_tokens=8), rows_path="rows.jsonl", **kw)
+    orch = Orchestrator(config, scheduler, MemberRegistry(30), metrics_path=tmp_path / "metrics.jsonl")
     return scheduler, orch
 
 

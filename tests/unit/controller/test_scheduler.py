@@ -214,3 +214,14 @@ def test_each_lease_gets_a_random_tag_that_its_step_names():
         s.report(lease.row_id, "accepted", now=1)
     step = s.take_step()
     assert step.refs == tuple((lease.row_id, 1, lease.tag) for lease in leases)
+
+
+def test_dropped_samples_and_rejection_causes_are_counted_by_name():
+    s = make()
+    s.count_dropped("too_long", 2)
+    s.count_dropped("too_long", 1)
+    s.count_rejection({"too_long": 3})
+    s.count_rejection({}, "dynamic filter")
+    assert s.counters["samples_dropped_too_long"] == 3
+    assert s.counters["rows_rejected_too_long"] == 1
+    assert sum(v for k, v in s.counters.items() if k.startswith("rows_rejected_")) == 2

@@ -7,6 +7,7 @@ from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.gate import OffPolicyGate
+from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator, RunFailed
 
 
@@ -26,13 +27,12 @@ def test_no_progress_for_stall_timeout_fails_the_run(tmp_path):
     members = MemberRegistry(heartbeat_timeout_s=30)
     members.register("inference", "inference-0", "127.0.0.1:1", clock.now)
     members.fence("inference-0", "serves version 0")
-    orch = Orchestrator(
-        Config(), scheduler, members, metrics_path=tmp_path / "m.jsonl", stall_timeout_s=60, clock=clock
-    )
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", stall_timeout_s=60)
+    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=clock)
     scheduler.lease("gw", 1, now=clock.now)
     clock.now += 59
     orch.check_stalled()  # within the timeout: nothing happens
-    orch.last_progress = clock.now  # a row was reported
+    orch.rows_reported(1, clock.now)  # a row was reported
     clock.now += 61
     members.heartbeat("inference-0", clock.now)  # alive, but fenced: no rollout can be routed
     with pytest.raises(RunFailed) as failed:

@@ -16,6 +16,7 @@ from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.gate import OffPolicyGate
+from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.trackers import TrackerSet
@@ -48,7 +49,8 @@ def make(tmp_path) -> tuple[RowScheduler, Orchestrator]:
     run = Config(log_path=str(tmp_path), completions_per_prompt=4, prompt_groups_per_step=2)
     metrics_path = tmp_path / "metrics.jsonl"
     trackers = TrackerSet([JsonlTracker(tmp_path, metrics_path), _Down()])
-    orch = Orchestrator(run, scheduler, MemberRegistry(30), metrics_path=metrics_path, trackers=trackers)
+    config = ControllerConfig(run=run, rows_path="rows.jsonl")
+    orch = Orchestrator(config, scheduler, MemberRegistry(30), metrics_path=metrics_path, trackers=trackers)
     return scheduler, orch
 
 

@@ -1,6 +1,7 @@
 import pytest
 
-from fleetrl.gateway.groups import PromptGroup, assemble_group, drop_uniform_rewards
+from fleetrl.gateway.assembly import assemble_group
+from fleetrl.gateway.dynamic_filter import PromptGroup, drop_uniform_rewards
 from fleetrl.rollout import RolloutReturnTypeError, RolloutRun, RolloutSample, RolloutSegment
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from fleetrl import Config, RolloutRun, RolloutSample, RolloutSegment
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.worker import Gateway
 from fleetrl.rollout import RolloutReturnTypeError, group_rollout
-from fleetrl.services.gateway.config import GatewayConfig
-from fleetrl.services.gateway.worker import Gateway
 from fleetrl.v1 import controller_pb2
 
 

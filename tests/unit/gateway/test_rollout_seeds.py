@@ -6,10 +6,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from fleetrl import Config, RolloutSample
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.worker import Gateway
+from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.sampling_seed import RolloutKey, derive_seed, rollout_seed_scope
-from fleetrl.services.gateway.config import GatewayConfig
-from fleetrl.services.gateway.sampler import NoReplicaError, Sampler
-from fleetrl.services.gateway.worker import Gateway
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 
 

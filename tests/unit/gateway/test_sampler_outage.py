@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from fleetrl import Config
-from fleetrl.services.gateway.config import GatewayConfig
-from fleetrl.services.gateway.sampler import NoReplicaError, Sampler
-from fleetrl.services.gateway.worker import Gateway
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.worker import Gateway
+from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.v1 import controller_pb2
 

@@ -5,11 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fleetrl.services.inference.engine import (
-    SamplingRequest,
-    WeightLoadError,
-    check_state_dict_matches,
-)
+from fleetrl.clients.inference_types import SamplingRequest, WeightLoadError
+from fleetrl.services.inference.engine import check_state_dict_matches
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ def test_main_refuses_a_missing_model_dir(tmp_path: Path, capsys: pytest.Capture
 def test_help_is_fast_and_imports_nothing_heavy() -> None:
     code = (
         "import sys\n"
-        "from fleetrl.cli import main\n"
+        "from fleetrl.commands.main import main\n"
         "try:\n    main(['serve', 'inference', '--help'])\n"
         "except SystemExit as e:\n    assert e.code == 0\n"
         "heavy = [m for m in ('torch', 'grpc', 'vllm', 'transformers') if m in sys.modules]\n"

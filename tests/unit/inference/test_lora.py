@@ -6,9 +6,9 @@ import math
 
 import pytest
 
+from fleetrl.clients.inference_types import WeightLoadError
 from fleetrl.config import Config
 from fleetrl.services.inference.config import InferenceConfig, InferenceConfigError
-from fleetrl.services.inference.engine import WeightLoadError
 from fleetrl.services.inference.launcher import build_parser, config_from_args
 from fleetrl.services.inference.lora import plan_adapter
 from fleetrl.services.inference.vllm_engine import vllm_lora_rank

@@ -57,13 +57,13 @@ def test_a_crashed_replica_restarts_with_its_flags_on_new_ports_and_rejoins_unde
 
         def start(self, name, kind, args, ready=True, *, env=None, nproc=1):
             self.started.append((name, kind, args, env))
-            argv = [sys.executable, "-m", "fleetrl.cli", "serve", kind, *args, "--ready-file", f"r/{name}.json"]
+            argv = [sys.executable, "-m", "fleetrl", "serve", kind, *args, "--ready-file", f"r/{name}.json"]
             return Child(name, kind, argv, tmp_path / f"{name}.log", crashed, env=dict(env or {}))
 
     crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(9)"])
     crashed.wait()
     flags = ["--model", "/m", "--grpc-port", "0", "--seed", "1"]
-    argv = [sys.executable, "-m", "fleetrl.cli", "serve", "inference", *flags, "--ready-file", "r/inference-1.json"]
+    argv = [sys.executable, "-m", "fleetrl", "serve", "inference", *flags, "--ready-file", "r/inference-1.json"]
     first = Child("inference-1", "inference", argv, tmp_path / "i.log", crashed, env={"OMP_NUM_THREADS": "1"})
     sup = RecordingSupervisor()
     second = restart_replica(sup, first, "127.0.0.1:7000", 1)

@@ -52,9 +52,9 @@ def test_supervisor_runs_a_multi_rank_service_under_torchrun(tmp_path, monkeypat
     sup.start("gateway-0", "gateway", ["--y"], ready=False)
     (argv, env), (plain_argv, plain_env) = started
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    assert argv == [*torchrun, "-m", "fleetrl.cli", "serve", "trainer", "--x"]
+    assert argv == [*torchrun, "-m", "fleetrl", "serve", "trainer", "--x"]
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["A"] == "1"
-    assert plain_argv == [sys.executable, "-m", "fleetrl.cli", "serve", "gateway", "--y"]
+    assert plain_argv == [sys.executable, "-m", "fleetrl", "serve", "gateway", "--y"]
     assert plain_env.get("CUDA_VISIBLE_DEVICES") != "2,3"
 
 

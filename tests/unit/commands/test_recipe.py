@@ -8,7 +8,7 @@ import json
 import pytest
 
 from fleetrl import Config, ConfigError
-from fleetrl.recipe_cli import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
+from fleetrl.commands.recipe import add_rows_args, add_run_args, add_up_args, recipe_config, up_options, write_rows
 
 DEFAULTS = {"completions_per_prompt": 4, "max_completion_tokens": 16, "max_seq_len": 256, "kl_beta": 0.0}
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from fleetrl import metric_names as mn
-from fleetrl.plot import figure, main, read_metrics, rolling_mean
+from fleetrl.commands.plot import figure, main, read_metrics, rolling_mean
 
 
 def write(tmp_path, lines):

@@ -1,5 +1,8 @@
 """The sampler handed to rollout functions: the Fireworks cookbook interface over fleetrl's inference gRPC API.
 
+`SamplerLike` is the interface (what `RolloutSetup.sampler` holds: a rollout needs only these calls, so a fake or
+another client fits); `Sampler` is fleetrl's implementation, used by every gateway and by `fleetrl eval`.
+
     completions = await setup.sampler.sample_with_prompt_tokens(prompt_ids, n=4, **setup.sample_kwargs)
     completions = await setup.sampler.sample_with_tokens(messages=[{"role": "user", "content": q}], n=1)
     c = completions[0]; c.full_tokens, c.prompt_len, c.inference_logprobs, c.finish_reason, c.text, c.versions
@@ -28,7 +31,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import grpc
 
@@ -38,7 +41,9 @@ from fleetrl.sampling_seed import next_rollout_seed
 
 log = logging.getLogger(__name__)
 REPLICA_DROPPED = "replica left the routable set"
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
+"""The gRPC codes of a transient failure (the one list): a Generate call is retried on another replica, a rollout
+that failed with one is run again, a controller call that failed with one is retried until `controller_lost_s`."""
 MAX_BACKOFF_S = 2.0
 
 
@@ -69,6 +74,27 @@ class SampledCompletion:
     @property
     def logprobs(self) -> list[float]:
         return self.inference_logprobs
+
+
+@runtime_checkable
+class SamplerLike(Protocol):
+    """What a rollout function may call on `RolloutSetup.sampler` (the Fireworks cookbook's sampler interface)."""
+
+    async def sample_with_prompt_tokens(
+        self, prompt_token_ids: Sequence[int], n: int = 1, **kwargs: Any
+    ) -> list[SampledCompletion]:
+        """`n` completions of a tokenized prompt (kwargs: the run's sampling settings, `stop`, `seed`, ...)."""
+        ...
+
+    async def sample_with_tokens(
+        self,
+        messages: Sequence[dict[str, Any]],
+        n: int = 1,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[SampledCompletion]:
+        """`n` completions of chat `messages`, the chat template applied with the generation prompt."""
+        ...
 
 
 def cookbook_sampling_args(params: dict[str, Any], prompt_len: int) -> tuple[list[str], float | None]:
@@ -127,6 +153,8 @@ def cut_at_stop(tokenizer: Any, token_ids: list[int], stops: Sequence[str]) -> i
 
 
 class Sampler:
+    """`SamplerLike` over fleetrl's inference replicas (see the module docstring)."""
+
     def __init__(
         self,
         tokenizer: Any = None,
@@ -217,7 +245,7 @@ class Sampler:
                 tried.add(address)  # set_replicas cancelled it: the replica was fenced
                 self.retries += 1
             except grpc.aio.AioRpcError as exc:
-                if exc.code() not in RETRYABLE:
+                if exc.code() not in RETRYABLE_CODES:
                     raise
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     slow_failures += 1

@@ -1,17 +1,17 @@
-"""The gateway's run loop: lease rows, run G rollouts per row under bounded concurrency, send accepted groups to
-the trainer over ZeroMQ, report every row's outcome to the controller.
+"""The rollout gateway (`Gateway`): lease rows, run G rollouts per row under bounded concurrency, send accepted groups
+to the trainer over ZeroMQ, report every row's outcome to the controller.
 
-Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no or unavailable replica)
-are retried with backoff; other exceptions drop the sample, with the traceback logged once per error type; the
-circuit breaker stops the gateway when half of the last 100 rollouts (in start order, at least 20) failed (exit code
-3; fleetrl.gateway.circuit_breaker). While no replica is routable (the only one restarting) Generate calls wait for
-one (the sampler, up to `replica_wait_s`) and the replica list is refreshed even with every row slot busy; a rollout
-that still finds none is an outage, not the rollout function's failure: the breaker does not count it, and a row
-that lost samples to it is reported FAILED (leased again later) rather than rejected. A rollout past
-`rollout_timeout_s` is cancelled, dropped and counted, not retried; one Generate call has its own
-`generate_timeout_s` (retried on another replica). A rollout returning an unknown type stops the gateway (exit
-code 4, the type named: fleetrl.rollout.RolloutReturnTypeError). A group with fewer than `min_group_size` valid
-samples has its missing members run again, up to `max_incomplete_group_retries` times, before it is rejected.
+Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no replica, a gRPC code in
+fleetrl.sampler.RETRYABLE_CODES) are retried with backoff; other exceptions drop the sample, with the traceback
+logged once per error type; the circuit breaker stops the gateway when half of the last 100 rollouts (in start
+order, at least 20) failed (exit code 3; fleetrl.gateway.circuit_breaker). While no replica is routable (the only
+one restarting) Generate calls wait for one (the sampler, up to `replica_wait_s`) and the replica list is refreshed
+even with every row slot busy; a rollout that still finds none is an outage, not the rollout function's failure: the
+breaker does not count it, and a row that lost samples to it is reported FAILED (leased again later) rather than
+rejected. A rollout past `rollout_timeout_s` is cancelled, dropped and counted, not retried; one Generate call has
+its own `generate_timeout_s` (retried on another replica). A rollout returning an unknown type stops the gateway
+(exit code 4, the type named: fleetrl.rollout.RolloutReturnTypeError). A group with fewer than `min_group_size`
+valid samples has its missing members run again, up to `max_incomplete_group_retries` times, before it is rejected.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from typing import Any
 import grpc
 
 from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
+from fleetrl.gateway.assembly import assemble_group
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
-from fleetrl.gateway.groups import DynamicFilter, assemble_group
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.dynamic_filter import DynamicFilter
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     RolloutFnFactory,
@@ -43,16 +45,15 @@ from fleetrl.rollout import (
     rollout_result_samples,
 )
 from fleetrl.rpc import open_channel
+from fleetrl.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
 from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
-from fleetrl.services.gateway.config import GatewayConfig
-from fleetrl.services.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
-RECOVERABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 def latency_quantiles(values: Sequence[float], quantiles: Sequence[float]) -> list[float]:
+    """The `quantiles` (0..1) of `values` (nearest rank; NaN when there are none)."""
     ordered = sorted(values)
     if not ordered:
         return [float("nan")] * len(quantiles)
@@ -64,6 +65,9 @@ class ControllerLost(RuntimeError):
 
 
 class Gateway:
+    """One rollout gateway: `await Gateway(config, factory, tokenizer, ...).run()` until the run is finished; its
+    exit code (0, EXIT_CIRCUIT_OPEN, EXIT_USER_CODE) or an exception. `counters` and `breaker` are read by /metrics."""
+
     def __init__(
         self,
         config: GatewayConfig,
@@ -107,12 +111,9 @@ class Gateway:
         try:
             reply = await method(request, timeout=self.config.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            if (
-                exc.code() in RECOVERABLE_CODES
-                and time.monotonic() - self._last_contact < self.config.controller_lost_s
-            ):
+            if exc.code() in RETRYABLE_CODES and time.monotonic() - self._last_contact < self.config.controller_lost_s:
                 return None
-            if exc.code() in RECOVERABLE_CODES:
+            if exc.code() in RETRYABLE_CODES:
                 raise ControllerLost(
                     f"controller {self.config.controller_address} unreachable for {self.config.controller_lost_s:.0f} s"
                 ) from None
@@ -131,14 +132,7 @@ class Gateway:
             replica_wait_s=self.config.replica_wait_s,
             default_kwargs=self.run_cfg.sample_kwargs,
         )
-        setup = RolloutSetup(
-            tokenizer=self.tokenizer,
-            sampler=self.sampler,
-            sample_kwargs=dict(self.run_cfg.sample_kwargs),
-            completions_per_prompt=self.run_cfg.completions_per_prompt,
-            extras=dict(self.run_cfg.rollout_extras),
-            max_seq_len=self.run_cfg.max_seq_len,
-        )
+        setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
         self.rollout_fn = self.rollout_factory(setup)
         self.setup = setup
         self._set_context_args()
@@ -423,7 +417,7 @@ class Gateway:
                         continue
                     return self._failed(exc, ticket)
                 except (NoReplicaError, grpc.aio.AioRpcError) as exc:
-                    recoverable = not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in RECOVERABLE_CODES
+                    recoverable = not isinstance(exc, grpc.aio.AioRpcError) or exc.code() in RETRYABLE_CODES
                     if recoverable and attempt < self.config.rollout_retries:
                         self.counters["rollouts_retried"] += 1
                         await asyncio.sleep(0.2 * 2 ** (attempt - 1))

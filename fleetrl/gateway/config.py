@@ -1,4 +1,7 @@
-"""`GatewayConfig`: the rollout gateway's settings around the run `Config` (pure pydantic)."""
+"""`GatewayConfig`: the rollout gateway's settings around the run `Config` (pure pydantic).
+
+Read by `fleetrl serve gateway` (services/gateway) and by `fleetrl.main()`'s in-process gateways alike; the flags
+that fill it are in `fleetrl.gateway.flags`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from fleetrl.config import Config, ConfigError, build_service_config
 
 
 class GatewayConfig(BaseModel):
+    """One rollout gateway's settings: the run `Config` plus the gateway's own (user code specs, timeouts, breaker)."""
+
     # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
@@ -17,8 +22,8 @@ class GatewayConfig(BaseModel):
     rollout: str = Field(..., description="The rollout factory: 'module:make_rollout_fn' or 'file.py:attr'.")
     dynamic_filter: str | None = Field(
         None,
-        description="Group filter 'module:fn' (fn(PromptGroup) -> keep?, fleetrl.gateway.groups); 'uniform' drops "
-        "equal-reward groups.",
+        description="Group filter 'module:fn' (fn(PromptGroup) -> keep?, fleetrl.gateway.dynamic_filter); "
+        "'uniform' drops equal-reward groups.",
     )
     evaluation: str | None = Field(
         None, description="Evaluator hook 'module:fn' (async fn(setup, rows) -> dict); this gateway then evaluates."
@@ -74,6 +79,7 @@ class GatewayConfig(BaseModel):
 
     @property
     def rows_in_flight(self) -> int:
+        """Rows leased and processed at once (`max_rows_in_flight`, else from max_concurrency and G)."""
         if self.max_rows_in_flight is not None:
             return self.max_rows_in_flight
         c, g = self.run.max_concurrency, self.run.completions_per_prompt

@@ -5,56 +5,24 @@ sample), or an exception; any other type raises `RolloutReturnTypeError` (the ga
 sample). Invalid samples are dropped and counted with the validation message (`fleetrl.groups.split_valid`); the
 samples of a RolloutRun split into several get its member index (`RolloutSample.member`: one trajectory, one
 advantage, counted once); a group with fewer than `min_samples` surviving trajectories, or one the dynamic filter
-refuses (e.g. every reward equal: zero advantage, nothing to learn), is rejected.
-
-The dynamic filter receives a `PromptGroup` (the cookbook's shape: `.rewards`, `.samples`, `.row`); a filter written
-for a bare list of samples keeps working, since a `PromptGroup` iterates, indexes and measures as its samples.
+refuses (e.g. every reward equal: zero advantage, nothing to learn; fleetrl.gateway.dynamic_filter), is rejected.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleetrl.gateway.dynamic_filter import DynamicFilter, PromptGroup
 from fleetrl.groups import RolloutGroup, split_valid
 from fleetrl.rollout import InvalidSampleError, RolloutSample, rollout_result_samples
 
 log = logging.getLogger(__name__)
 DROP_REASONS: tuple[str, ...] = ("none", "error", "invalid", "too_long")
 """Why `assemble_group` drops a sample: the keys of `AssembledGroup.dropped` (and of RowReport.samples_dropped)."""
-
-
-@dataclass
-class PromptGroup(Sequence[RolloutSample]):
-    """What the dynamic filter sees: the valid samples of one row, their rewards and the row itself."""
-
-    samples: list[RolloutSample]
-    row: dict[str, Any] = field(default_factory=dict)
-    row_id: int = -1
-
-    @property
-    def rewards(self) -> list[float]:
-        return [float(s.reward) for s in self.samples]
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __iter__(self) -> Iterator[RolloutSample]:
-        return iter(self.samples)
-
-    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
-        return self.samples[index]
-
-
-DynamicFilter = Callable[[PromptGroup], bool]
-
-
-def drop_uniform_rewards(group: PromptGroup | Sequence[RolloutSample]) -> bool:
-    """Keep a group only if its rewards differ (the DAPO dynamic-sampling filter)."""
-    return len({float(s.reward) for s in group}) > 1
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The `fleetrl` command line as a user meets it: help, version, clean config errors, --set on [up], missing models.
 
-Everything runs through `fleetrl.cli.main([...])` (one test through a real subprocess, for the traceback check);
-every `fleetrl up` here fails its config check before any service starts."""
+Everything runs through `fleetrl.commands.main.main([...])` (one test through a real subprocess, for the traceback
+check); every `fleetrl up` here fails its config check before any service starts."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from fleetrl import __version__
-from fleetrl.cli import COMMANDS, SERVICES, main
+from fleetrl.commands.main import COMMANDS, SERVICES, main
 from fleetrl.model_path import ModelNotFoundError, check_model_path, looks_like_path
 from fleetrl.up.config import load_run_and_up
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write_run(tmp_path: Path, run: dict | None = None, up: dict | None = None) -> Path:
@@ -57,7 +57,7 @@ def test_unknown_service_is_a_usage_error(capsys):
 
 def test_demo_bad_loss_is_one_clean_line_not_a_traceback():
     result = subprocess.run(
-        [sys.executable, "-m", "fleetrl.cli", "demo", "--loss", "bogus", "--steps", "1"],
+        [sys.executable, "-m", "fleetrl", "demo", "--loss", "bogus", "--steps", "1"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,22 +1,23 @@
 """A health probe for containers: is this fleetrl service (are these services) serving?
 
-    python -m fleetrl.health_probe HOST:PORT [HOST:PORT ...]     # gRPC health (grpc.health.v1): all SERVING?
-    python -m fleetrl.health_probe A:1 --if-exists reference:50061   # the second only where its name resolves
-    python -m fleetrl.health_probe --wait 600 A:1 B:2             # retry until all serve (an init container)
-    python -m fleetrl.health_probe --http http://HOST:PORT/metrics   # HTTP 200? (a gateway has no gRPC server)
-    python -m fleetrl.health_probe --auto                     # whatever `fleetrl serve ...` PID 1 runs
+    python -m fleetrl.commands.health HOST:PORT [HOST:PORT ...]    # gRPC health (grpc.health.v1): all SERVING?
+    python -m fleetrl.commands.health A:1 --if-exists reference:50061  # the second only where its name resolves
+    python -m fleetrl.commands.health --wait 600 A:1 B:2               # retry until all serve (an init container)
+    python -m fleetrl.commands.health --http http://HOST:PORT/metrics  # HTTP 200? (a gateway has no gRPC server)
+    python -m fleetrl.commands.health --auto                           # whatever `fleetrl serve ...` PID 1 runs
 
-Exit 0 when healthy, 1 when not (the reason on stderr), 2 on bad usage. The gRPC health service is open
-without the auth token, so probes need no secret. `--auto` is the images' HEALTHCHECK: one image runs any
-service, chosen by its command, so the probe reads that command (`/proc/1/cmdline`, after any init such as
-tini) and checks the service's gRPC port, or a gateway's /metrics port, on loopback. `--if-exists` is for
-optional services (the reference runs only when kl_beta > 0): a name that does not resolve is not running.
+(`fleetrl health ...` is the same.) Exit 0 when healthy, 1 when not (the reason on stderr), 2 on bad usage. The
+gRPC health service is open without the auth token, so probes need no secret. `--auto` is the images'
+HEALTHCHECK: one image runs any service, chosen by its command, so the probe reads that command
+(`/proc/1/cmdline`, after any init such as tini) and checks the service's gRPC port, or a gateway's /metrics
+port, on loopback. The service's launcher (its flags) and config class (its default ports) are found through the
+package's entry points (fleetrl/commands/registry.py). `--if-exists` is for optional services (the reference runs
+only when kl_beta > 0): a name that does not resolve is not running.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import socket
 import sys
 import time
@@ -25,14 +26,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-# The config class and field that give each service's default gRPC port (a gateway has none).
-_CONFIGS = {
-    "controller": ("fleetrl.services.controller.config", "ControllerConfig"),
-    "inference": ("fleetrl.services.inference.config", "InferenceConfig"),
-    "trainer": ("fleetrl.services.trainer.config", "TrainerServiceConfig"),
-    "reference": ("fleetrl.services.reference.config", "ReferenceConfig"),
-    "gateway": ("fleetrl.services.gateway.config", "GatewayConfig"),
-}
+from fleetrl.commands.registry import UnknownServiceError, config_class, launcher_module
+
 _WILDCARDS = {"", "0.0.0.0", "::", "[::]"}
 
 
@@ -81,18 +76,17 @@ def probe_target(argv: Sequence[str]) -> tuple[str, str] | None:
         raise ProbeError(f"not a `fleetrl serve <service>` command: {' '.join(args)!r}")
     at = args.index("serve")
     name, rest = args[at + 1], args[at + 2 :]
-    if name not in _CONFIGS:
-        raise ProbeError(f"unknown service {name!r} in {' '.join(args)!r}")
-    launcher = importlib.import_module(f"fleetrl.services.{name}.launcher")
+    try:
+        fields, launcher = config_class(name).model_fields, launcher_module(name)
+    except UnknownServiceError as exc:
+        raise ProbeError(f"{exc} (command line {' '.join(args)!r})") from None
     try:
         flags, _ = launcher.build_parser().parse_known_args(rest)
     except SystemExit:  # argparse already said what is wrong with the command line
         raise ProbeError(f"cannot parse the {name} command line {' '.join(rest)!r}") from None
-    module, cls = _CONFIGS[name]
-    fields = getattr(importlib.import_module(module), cls).model_fields
     host = getattr(flags, "host", None) or fields["host"].default
     host = "127.0.0.1" if host in _WILDCARDS else host
-    if name == "gateway":
+    if "grpc_port" not in fields:  # a gateway: no gRPC server, its /metrics endpoint (if any) is the probe
         port = flags.metrics_port if flags.metrics_port is not None else fields["metrics_port"].default
         return None if not port else ("http", f"http://{host}:{port}/metrics")
     port = flags.grpc_port if flags.grpc_port is not None else fields["grpc_port"].default

@@ -1,4 +1,4 @@
-from fleetrl.demo import run
+from fleetrl.commands.demo import run
 
 
 def test_demo_policy_learns_with_stale_samples():

@@ -11,18 +11,20 @@
     fleetrl --version
 
 Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast. A bad config, a bad
-flag value or a missing model is one clean line per field (exit 2), never a traceback.
+flag value or a missing model is one clean line per field (exit 2), never a traceback. The services are found
+through package entry points (fleetrl/commands/registry.py), so `fleetrl serve NAME` starts any installed service.
+`python -m fleetrl ...` runs this command too (fleetrl/__main__.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from pydantic import ValidationError
 
 from fleetrl import __version__
+from fleetrl.commands.registry import UnknownServiceError, launcher_main, service_names
 from fleetrl.config import ConfigError, format_validation_error
 from fleetrl.model_path import ModelNotFoundError
 
@@ -36,6 +38,7 @@ COMMANDS = {
     "demo": "the pure logic learning a toy task (no services)",
 }
 
+# One help line per service this package installs; `fleetrl serve` starts whichever has an entry point.
 SERVICES = {
     "inference": "an inference replica: generates with per-token logprobs, loads pushed weights (hf or vllm)",
     "trainer": "the policy trainer: trains on rollout groups, publishes weights, checkpoints",
@@ -59,8 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def serve_help() -> str:
-    width = max(map(len, SERVICES))
-    lines = [f"  {name:<{width}}  {line}" for name, line in SERVICES.items()]
+    installed = service_names()
+    names = [name for name in SERVICES if name in installed] + [n for n in installed if n not in SERVICES]
+    width = max(map(len, names), default=0)
+    lines = [f"  {name:<{width}}  {SERVICES.get(name, '')}".rstrip() for name in names]
     return "\n".join(
         [
             "usage: fleetrl serve SERVICE [options]",
@@ -68,7 +73,7 @@ def serve_help() -> str:
             "Start one fleetrl service (`fleetrl serve SERVICE --help` lists its flags).",
             "",
             "services:",
-            *lines,
+            *(lines or ["  (none installed: `pip install -e .` declares them as entry points)"]),
         ]
     )
 
@@ -78,11 +83,12 @@ def _serve(argv: list[str]) -> int:
         print(serve_help())
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in SERVICES:
-        print(f"fleetrl serve: unknown service {name!r}; choose one of {', '.join(SERVICES)}", file=sys.stderr)
+    try:
+        launcher = launcher_main(name)
+    except UnknownServiceError as exc:
+        print(f"fleetrl serve: {exc}", file=sys.stderr)
         return 2
-    launcher = importlib.import_module(f"fleetrl.services.{name}.launcher")
-    return int(launcher.main(rest) or 0)
+    return int(launcher(rest) or 0)
 
 
 def _run(command: str, rest: list[str]) -> int:
@@ -101,14 +107,14 @@ def _run(command: str, rest: list[str]) -> int:
 
         return status_main(rest)
     if command == "plot":
-        from fleetrl.plot import main as plot_main
+        from fleetrl.commands.plot import main as plot_main
 
         return plot_main(rest)
     if command == "health":
-        from fleetrl.health_probe import main as health_main
+        from fleetrl.commands.health import main as health_main
 
         return health_main(rest)
-    from fleetrl.demo import main as demo_main
+    from fleetrl.commands.demo import main as demo_main
 
     return int(demo_main(rest) or 0)
 

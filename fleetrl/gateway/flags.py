@@ -1,0 +1,67 @@
+"""The rollout gateway's command-line flags and the `GatewayConfig` they give: `fleetrl serve gateway`'s launcher
+parses them, and so does `fleetrl.main()` (its in-process gateways take the same flags as gateway processes)."""
+
+from __future__ import annotations
+
+import argparse
+
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.shell.args import add_run_config_args, drop_unset, run_config_from_args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of `fleetrl serve gateway`."""
+    parser = argparse.ArgumentParser(prog="fleetrl serve gateway", description="Run rollouts for the controller.")
+    add_run_config_args(parser)
+    parser.add_argument("--rollout", required=True, help="rollout factory: module:attr or path/file.py:attr")
+    parser.add_argument("--dynamic-filter", help="'uniform' (drop equal-reward groups) or module:fn")
+    parser.add_argument("--evaluation", help="evaluation hook module:fn (async fn(setup, rows) -> dict)")
+    parser.add_argument("--controller", help="HOST:PORT of the controller (default 127.0.0.1:50050)")
+    parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
+    parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
+    parser.add_argument(
+        "--rollout-timeout", type=float, help="seconds before a whole rollout is cancelled and dropped (default 600)"
+    )
+    parser.add_argument("--generate-timeout", type=float, help="seconds per Generate call, then retried (default 120)")
+    parser.add_argument(
+        "--replica-wait", type=float, help="seconds a Generate call waits for a routable replica (default 300)"
+    )
+    parser.add_argument("--breaker-window", type=int, help="circuit breaker: rollouts judged (default 100)")
+    parser.add_argument("--breaker-min-attempts", type=int, help="circuit breaker: outcomes needed (default 20)")
+    parser.add_argument(
+        "--breaker-max-failure-rate", type=float, help="circuit breaker: failed share that stops it (default 0.5)"
+    )
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
+    parser.add_argument("--host", help="address the metrics endpoint binds to (default 127.0.0.1)")
+    parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
+    parser.add_argument("--ready-file", help="write the metrics port here once running")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> GatewayConfig:
+    """The `GatewayConfig` of parsed gateway flags (ConfigError or ValueError names a bad one)."""
+    return GatewayConfig.build(
+        drop_unset(
+            {
+                "run": run_config_from_args(args),
+                "rollout": args.rollout,
+                "dynamic_filter": args.dynamic_filter,
+                "evaluation": args.evaluation,
+                "controller_address": args.controller,
+                "gateway_id": args.gateway_id,
+                "max_rows_in_flight": args.max_rows_in_flight,
+                "rollout_timeout_s": args.rollout_timeout,
+                "generate_timeout_s": args.generate_timeout,
+                "replica_wait_s": args.replica_wait,
+                "breaker_window": args.breaker_window,
+                "breaker_min_attempts": args.breaker_min_attempts,
+                "breaker_max_failure_rate": args.breaker_max_failure_rate,
+                "metrics_port": args.metrics_port,
+                "metrics_linger_s": args.metrics_linger,
+                "host": args.host,
+                "ready_file": args.ready_file,
+                "log_level": args.log_level,
+            }
+        )
+    )

@@ -1,0 +1,114 @@
+"""The inference gRPC servicer (fleetrl.v1.Inference): a thin edge that converts protos to engine dataclasses and
+engine errors to gRPC status codes.
+
+    ValueError (a bad request)      -> INVALID_ARGUMENT
+    WeightLoadError (a bad version) -> FAILED_PRECONDITION (the engine keeps serving the previous version)
+    EngineError (engine down)       -> UNAVAILABLE
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import grpc
+
+from fleetrl.clients.inference_proto import completions_to_proto, request_from_proto
+from fleetrl.rpc import resolve_auth_token
+from fleetrl.services.inference.engine import EngineError, InferenceEngine, WeightLoadError
+from fleetrl.services.inference.metrics import InferenceMetrics
+from fleetrl.v1 import inference_pb2, inference_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    """fleetrl.v1.Inference on top of an InferenceEngine.
+
+    `auth_token` is the weight stream's token (None = $FLEETRL_AUTH_TOKEN, read at each load);
+    `weight_load_timeout_s` applies to a LoadWeights request that names no timeout.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        metrics: InferenceMetrics,
+        *,
+        weight_load_timeout_s: float,
+        auth_token: str | None = None,
+    ) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._weight_load_timeout_s = weight_load_timeout_s
+        self._auth_token = auth_token
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.GenerateResponse:
+        try:
+            async with self._metrics.track_request("grpc"):
+                completions = await self._engine.generate(request_from_proto(request))
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Generate: {exc}")
+        except EngineError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"Generate: {exc}")
+        self._metrics.observe_completions(completions)
+        return completions_to_proto(completions)
+
+    async def Status(
+        self, request: inference_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.StatusResponse:
+        stats = self._engine.stats()
+        return inference_pb2.StatusResponse(
+            model=self._engine.model_path,
+            engine=self._engine.engine_name,
+            loaded_version=self._engine.loaded_version,
+            loaded_checksum=self._engine.loaded_checksum,
+            queue_depth=self._engine.queue_depth(),
+            tokens_per_s=stats.tokens_per_s,
+            generated_tokens=stats.generated_tokens,
+            requests=stats.requests,
+        )
+
+    async def LoadWeights(
+        self, request: inference_pb2.LoadWeightsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.LoadWeightsResponse:
+        timeout_s = request.timeout_s or self._weight_load_timeout_s
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            message = f"LoadWeights: timeout_s must be a finite number > 0, got {timeout_s}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        try:
+            result = await self._engine.load_weights(
+                request.version,
+                request.source,
+                auth_token=resolve_auth_token(self._auth_token),
+                timeout_s=timeout_s,
+            )
+        except WeightLoadError as exc:
+            self._metrics.observe_load(None)
+            logger.warning(
+                "weight load of version %d from %s rejected (still serving version %d): %s",
+                request.version,
+                request.source,
+                self._engine.loaded_version,
+                exc,
+            )
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"LoadWeights: {exc}")
+        except EngineError as exc:
+            self._metrics.observe_load(None)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"LoadWeights: {exc}")
+        self._metrics.observe_load(result)
+        logger.info(
+            "loaded weights version %d (checksum %s) from %s: transfer %.3f s, pause %.4f s",
+            result.version,
+            result.checksum,
+            request.source,
+            result.transfer_s,
+            result.pause_s,
+        )
+        return inference_pb2.LoadWeightsResponse(
+            version=result.version,
+            checksum=result.checksum,
+            transfer_s=result.transfer_s,
+            pause_s=result.pause_s,
+        )
