@@ -22,8 +22,8 @@ import time
 
 def child(mb: int, token: str) -> None:
     from fleetrl.group_stream import GroupDecodeError, decode_group, encode_group
-    from fleetrl.groups import RolloutGroup
     from fleetrl.rollout import RolloutSample
+    from fleetrl.rollout_group import RolloutGroup
 
     tokens_per_sample = 4096
     per_sample_bytes = tokens_per_sample * 8  # ~ varint token, float logprob, mask, version on the wire

@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _bench_size(name: str, rank: int, rounds: int, workdir: Path) -> dict:
-    from fleetrl.groups import RolloutGroup
+    from fleetrl.rollout_group import RolloutGroup
     from fleetrl.tiny_model import build_tiny_model
     from fleetrl.trainer import PolicyTrainer
     from fleetrl.trainer.synthetic import synthetic_groups

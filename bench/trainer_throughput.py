@@ -42,8 +42,8 @@ def _bench_size(name: str, rounds: int, workdir: Path) -> dict:
     import torch
 
     from fleetrl.datum import gather_target_logprobs, samples_to_batch
-    from fleetrl.groups import RolloutGroup
     from fleetrl.losses import policy_loss
+    from fleetrl.rollout_group import RolloutGroup
     from fleetrl.tiny_model import build_tiny_model
     from fleetrl.trainer import PolicyTrainer
     from fleetrl.trainer.batching import build_step_batch

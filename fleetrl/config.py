@@ -144,6 +144,11 @@ class Config(BaseModel):
         "requeue", description="A group older than O at train time: requeue it, or train it."
     )
     weight_sync_interval: int = Field(1, ge=0, description="Publish weights every N optimizer batches; 0 = never.")
+    weight_fanout: Literal["direct", "chain", "tree"] = Field(
+        "direct",
+        description="How a version reaches the replicas: 'direct' (each fetches from the trainer), 'chain' (the "
+        "trainer sends one copy, each replica relays it to the next) or 'tree' (relayed, each to two).",
+    )
 
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")

@@ -23,8 +23,8 @@ from types import TracebackType
 
 import zmq
 
-from fleetrl.groups import RolloutGroup, split_valid
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup, split_valid
 from fleetrl.rpc import resolve_auth_token
 from fleetrl.v1 import rollout_pb2
 

@@ -4,8 +4,9 @@ A member registers with a kind and an address and heartbeats; one silent for lon
 `heartbeat_timeout_s` is dead. Registering again at the same address refreshes the entry; at another address it
 is a restarted process and replaces the entry (an inference replica then serves the base model again). An
 inference replica that fails or times out a weight push, stops answering, or serves an older version than the run's
-is fenced: no rollouts are routed to it until it serves the current version (the controller pushes it). Time comes
-from the caller.
+is fenced: no rollouts are routed to it until it serves the current version (the controller pushes it). A replica's
+Status names its weight relay and the version that relay holds, so a replica that joins later fetches from a peer
+(`relay_source`). Time comes from the caller.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class Member:
     fenced: bool = False
     fence_reason: str = ""
     missed_polls: int = 0  # Status polls in a row it did not answer (a hung or stopped process)
+    relay_address: str = ""  # an inference replica's weight relay, from its Status ("" = none known)
+    relay_version: int = 0  # the version that relay holds complete (0 = none), as of its last Status
 
     def alive(self, now: float, timeout_s: float) -> bool:
         return now - self.last_seen <= timeout_s
@@ -76,6 +79,14 @@ class MemberRegistry:
         """A weight push to this replica succeeded: it serves `version` and is routable again."""
         member = self.members[member_id]
         member.version, member.fenced, member.fence_reason = version, False, ""
+
+    def relay_source(self, version: int, now: float, exclude: str = "") -> Member | None:
+        """A routable replica (not `exclude`) whose relay holds `version`: a joining or fenced replica fetches
+        that version from it instead of from the trainer. None when there is none."""
+        for member in self.routable_replicas(now):
+            if member.member_id != exclude and member.relay_address and member.relay_version == version:
+                return member
+        return None
 
     def missed_poll(self, member_id: str) -> int:
         """The member did not answer a Status poll; returns how many in a row."""

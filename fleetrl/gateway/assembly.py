@@ -2,7 +2,7 @@
 
 Each result is a `RolloutSample`, a `RolloutRun` (one or more samples), None (the rollout chose to drop the
 sample), or an exception; any other type raises `RolloutReturnTypeError` (the gateway stops: a bug, not a bad
-sample). Invalid samples are dropped and counted with the validation message (`fleetrl.groups.split_valid`); the
+sample). Invalid samples are dropped and counted with the validation message (`fleetrl.rollout_group.split_valid`); the
 samples of a RolloutRun split into several get its member index (`RolloutSample.member`: one trajectory, one
 advantage, counted once); a group with fewer than `min_samples` surviving trajectories, or one the dynamic filter
 refuses (e.g. every reward equal: zero advantage, nothing to learn; fleetrl.gateway.dynamic_filter), is rejected.
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fleetrl.gateway.dynamic_filter import DynamicFilter, PromptGroup
-from fleetrl.groups import RolloutGroup, split_valid
 from fleetrl.rollout import InvalidSampleError, RolloutSample, rollout_result_samples
+from fleetrl.rollout_group import RolloutGroup, split_valid
 
 log = logging.getLogger(__name__)
 DROP_REASONS: tuple[str, ...] = ("none", "error", "invalid", "too_long")

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from fleetrl.advantages import member_advantages
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.step_metrics import sample_metrics
 
 

@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 
 GroupKey = tuple[int, int]
 """(row_id, attempt); attempt 0 in a step's request means whichever attempt of the row arrived."""

@@ -1,7 +1,11 @@
 """Data-parallel training across processes: FSDP2 sharding, full-weight gathering, rank-0 broadcasts.
 
-Under `torchrun --nproc-per-node N` (world size > 1) every rank loads the model and shards it with
-FSDP2 (`fully_shard` per decoder layer, then the root). Rank 0 owns the sockets: it receives groups,
+Under `torchrun --nproc-per-node N` (world size > 1), on one machine or across machines (`--nnodes M
+--rdzv-backend c10d`), every rank loads the model and shards it with FSDP2 (`fully_shard` per decoder
+layer, then the root). Sharding "fsdp" shards over every rank (a 1-D mesh); "hsdp" shards within a node
+and replicates across nodes (a 2-D mesh `(replicate = nodes, shard = ranks per node)`: parameters are
+all-gathered over the fast intra-node links only, gradients reduce-scattered within the node and then
+all-reduced across nodes). Rank 0 owns the sockets: it receives groups,
 talks to the reference service and publishes weights; it broadcasts each command and its data to
 the other ranks as plain tensors (JSON bytes for small payloads), so nothing is pickled.
 With world size 1 everything here is a no-op and no process group is created.
@@ -15,12 +19,15 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
+
+Sharding = Literal["fsdp", "hsdp"]
+SHARDINGS: tuple[str, ...] = ("fsdp", "hsdp")
 
 
 @dataclass
@@ -31,6 +38,8 @@ class DistContext:
     world_size: int = 1
     local_rank: int = 0
     comm_device: str = "cpu"  # where broadcast buffers live: cuda for nccl, cpu for gloo
+    local_world_size: int = 0  # ranks on this node (torchrun's LOCAL_WORLD_SIZE); 0 = all of them
+    sharding: Sharding = "fsdp"
 
     @property
     def enabled(self) -> bool:
@@ -40,22 +49,32 @@ class DistContext:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        """The device mesh FSDP2 shards over: `(world,)` for fsdp, `(nodes, ranks per node)` for hsdp."""
+        return mesh_shape(self.sharding, self.world_size, self.local_world_size or self.world_size)
+
     @classmethod
-    def from_env(cls, *, device: str = "cpu", timeout_s: float = 3600.0) -> DistContext:
-        """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK; init the process group when world > 1.
+    def from_env(cls, *, device: str = "cpu", timeout_s: float = 3600.0, sharding: Sharding = "fsdp") -> DistContext:
+        """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE; init the process group when world > 1.
 
         Backend: nccl for cuda, gloo for cpu. `timeout_s` bounds every collective, including the
-        followers' wait for rank 0's next command.
+        followers' wait for rank 0's next command. `sharding` picks the FSDP2 mesh (see `mesh_shape`);
+        a layout hsdp does not fit fails here, on every rank, before the model loads.
         """
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
         cuda = device.startswith("cuda")
         comm = f"cuda:{local_rank}" if cuda else "cpu"
-        ctx = cls(int(os.environ.get("RANK", "0")), world, local_rank, comm)
+        ctx = cls(int(os.environ.get("RANK", "0")), world, local_rank, comm, local_world, sharding)
+        shape = ctx.mesh_shape  # raises for a layout the sharding does not fit
         if ctx.enabled and not dist.is_initialized():
             backend = "nccl" if cuda else "gloo"
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
-            logger.info("rank %d/%d: process group up (%s)", ctx.rank, world, backend)
+            logger.info(
+                "rank %d/%d: process group up (%s); %s mesh %s", ctx.rank, world, backend, sharding, list(shape)
+            )
         return ctx
 
     def device(self, device: str) -> torch.device:
@@ -64,12 +83,32 @@ class DistContext:
         return torch.device(device)
 
 
-def shard_model(model: torch.nn.Module, device: torch.device, world_size: int) -> torch.nn.Module:
-    """FSDP2: shard each decoder layer, then the root (embeddings, final norm, lm head)."""
+def mesh_shape(sharding: str, world_size: int, local_world_size: int) -> tuple[int, ...]:
+    """FSDP2's device mesh: `(world,)` for fsdp; `(nodes, ranks per node)` for hsdp (replicate across nodes,
+    shard within one). torchrun numbers the ranks of a node contiguously, so a mesh row is one node."""
+    if sharding == "fsdp":
+        return (world_size,)
+    if sharding != "hsdp":
+        raise ValueError(f"sharding: {sharding!r} is not one of {', '.join(SHARDINGS)}")
+    if local_world_size < 1 or world_size % local_world_size:
+        raise ValueError(
+            f"sharding = hsdp: {world_size} ranks do not split into nodes of {local_world_size} ranks "
+            "(every node must run the same number of ranks)"
+        )
+    return (world_size // local_world_size, local_world_size)
+
+
+def shard_model(
+    model: torch.nn.Module, device: torch.device, world_size: int, shape: tuple[int, ...] | None = None
+) -> torch.nn.Module:
+    """FSDP2: shard each decoder layer, then the root (embeddings, final norm, lm head), over a mesh of `shape`
+    (default `(world_size,)`; a 2-D `(replicate, shard)` shape is HSDP, see `mesh_shape`)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (world_size,))
+    shape = shape or (world_size,)
+    names = ("replicate", "shard") if len(shape) == 2 else None
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     layers = _decoder_layers(model)
     for layer in layers:
         fully_shard(layer, mesh=mesh)

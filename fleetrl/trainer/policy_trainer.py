@@ -35,8 +35,8 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.datum import Datum, build_datum, shift_datum
-from fleetrl.groups import RolloutGroup
 from fleetrl.losses import resolve_loss_settings
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
@@ -137,7 +137,7 @@ class PolicyTrainer:
         self.model_config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)  # token ids must stay below it
         if self.ctx.enabled:
-            fdist.shard_model(self.model, self.device, self.ctx.world_size)
+            fdist.shard_model(self.model, self.device, self.ctx.world_size, self.ctx.mesh_shape)
         self.optimizer = build_optimizer(self.model.parameters(), cfg)
         total_batches = total_steps or cfg.max_steps
         total_opt = total_batches * cfg.num_minibatches if total_batches else None

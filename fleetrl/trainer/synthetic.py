@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 
 
 def synthetic_groups(

@@ -52,31 +52,73 @@ class UpConfig(BaseModel):
         "OMP_NUM_THREADS is set; see fleetrl/up/cpu_threads.py.",
     )
     trainer_procs: int = Field(
-        1, ge=1, description="Trainer ranks; above 1 it runs under torchrun (FSDP2: NCCL on GPUs, gloo on CPU)."
+        1,
+        ge=1,
+        description="Trainer ranks per node; above 1 (or with trainer_nodes > 1) it runs under torchrun (FSDP2: "
+        "NCCL on GPUs, gloo on CPU).",
+    )
+    trainer_nodes: int = Field(
+        1,
+        ge=1,
+        description="Trainer 'nodes': above 1, one torchrun agent per node on this machine, meeting through a c10d "
+        "rendezvous on loopback; world size = trainer_nodes x trainer_procs.",
+    )
+    trainer_sharding: Literal["fsdp", "hsdp"] = Field(
+        "fsdp",
+        description="FSDP2 mesh: fsdp shards over every rank; hsdp shards within a node and replicates across nodes "
+        "(needs trainer_nodes > 1 and trainer_procs > 1).",
     )
     trainer_gpus: list[int] | None = Field(
-        None, description="GPU ids the trainer uses (CUDA_VISIBLE_DEVICES), one per rank; implies --device cuda."
+        None,
+        description="GPU ids the trainer uses (CUDA_VISIBLE_DEVICES), one per rank (node 0's ranks first); implies "
+        "--device cuda.",
     )
     inference_gpus: list[list[int]] | None = Field(
         None, description="GPU ids of each inference replica (CUDA_VISIBLE_DEVICES), one list per replica."
     )
+    inference_tensor_parallel_size: int = Field(
+        1, ge=1, description="vLLM tensor_parallel_size of each replica (GPUs per replica); above 1 needs engine vllm."
+    )
+
+    @property
+    def trainer_ranks(self) -> int:
+        return self.trainer_nodes * self.trainer_procs
 
     @model_validator(mode="after")
     def _gpu_layout(self) -> UpConfig:
-        if self.trainer_gpus is not None and len(self.trainer_gpus) != self.trainer_procs:
+        if self.trainer_gpus is not None and len(self.trainer_gpus) != self.trainer_ranks:
+            layout = "trainer_procs" if self.trainer_nodes == 1 else "trainer_nodes x trainer_procs"
             raise ValueError(
-                f"trainer_gpus has {len(self.trainer_gpus)} GPUs but trainer_procs is {self.trainer_procs}: "
+                f"trainer_gpus has {len(self.trainer_gpus)} GPUs but {layout} is {self.trainer_ranks}: "
                 "one GPU per trainer rank"
+            )
+        if self.trainer_sharding == "hsdp" and (self.trainer_nodes < 2 or self.trainer_procs < 2):
+            raise ValueError(
+                f"trainer_sharding = hsdp needs trainer_nodes > 1 and trainer_procs > 1 (has {self.trainer_nodes} "
+                f"x {self.trainer_procs}): it shards within a node and replicates across nodes; use fsdp"
             )
         if self.inference_gpus is not None and len(self.inference_gpus) != self.replicas:
             raise ValueError(
                 f"inference_gpus has {len(self.inference_gpus)} lists but replicas is {self.replicas}: "
                 "one list of GPU ids per replica"
             )
+        tp = self.inference_tensor_parallel_size
+        if tp > 1 and self.engine != "vllm":
+            raise ValueError(
+                f"inference_tensor_parallel_size = {tp} needs engine = 'vllm' (hf replicas run on one device)"
+            )
+        if tp > 1 and self.inference_gpus is not None and any(len(ids) != tp for ids in self.inference_gpus):
+            raise ValueError(
+                f"inference_gpus: each replica needs inference_tensor_parallel_size = {tp} GPUs, has "
+                f"{[len(ids) for ids in self.inference_gpus]}"
+            )
         return self
 
-    def trainer_env(self) -> dict[str, str]:
-        return {} if self.trainer_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.trainer_gpus)}
+    def trainer_env(self, node: int = 0) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES of trainer node `node`: its trainer_procs GPUs of trainer_gpus."""
+        if self.trainer_gpus is None:
+            return {}
+        return {"CUDA_VISIBLE_DEVICES": _gpu_list(self.trainer_gpus[node * self.trainer_procs :][: self.trainer_procs])}
 
     def replica_env(self, index: int) -> dict[str, str]:
         return {} if self.inference_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.inference_gpus[index])}

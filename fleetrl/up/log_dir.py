@@ -29,7 +29,7 @@ RUN_FILES = (
     "tensorboard",
     "mlruns",
 )
-SERVICE_LOGS = ("controller.log", "trainer.log", "reference.log", "inference-*.log", "gateway-*.log")
+SERVICE_LOGS = ("controller.log", "trainer*.log", "reference.log", "inference-*.log", "gateway-*.log")
 
 
 class LogDirError(ValueError):

@@ -26,8 +26,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,7 @@ from fleetrl.up.inprocess_gateway import (
 )
 from fleetrl.up.log_dir import LogDirError, prepare_log_dir
 from fleetrl.up.progress import Progress, planned_steps
-from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail
+from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
 
 def user_spec(spec: str, config_dir: Path) -> str:
@@ -211,7 +213,7 @@ def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
         return None
     hf_replicas = up.replicas if up.engine == "hf" else 0
     return plan_threads(
-        available_cpus(), trainer_procs=up.trainer_procs, hf_replicas=hf_replicas, reference=needs_reference(run)
+        available_cpus(), trainer_procs=up.trainer_ranks, hf_replicas=hf_replicas, reference=needs_reference(run)
     )
 
 
@@ -225,9 +227,9 @@ def _start_stack(
     threads: ThreadPlan | None,
     startup: Startup,
 ) -> Child:
-    def wait(child: Child) -> dict[str, Any]:
+    def wait(child: Child, peers: list[Child] | None = None) -> dict[str, Any]:
         startup.waiting(child.name)
-        info = sup.wait_ready(child, up.startup_timeout_s)
+        info = sup.wait_ready(child, up.startup_timeout_s, peers or [])
         startup.ready(child)
         return info
 
@@ -241,6 +243,8 @@ def _start_stack(
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
         args += lora_flags(run)
         env = {**(share("inference") if up.engine == "hf" else {}), **up.replica_env(i)}
+        if up.inference_tensor_parallel_size > 1:
+            args += ["--tensor-parallel-size", str(up.inference_tensor_parallel_size)]
         replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=env))
     reference_args: list[str] = []
     if needs_reference(run):
@@ -250,10 +254,11 @@ def _start_stack(
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
     if up.trainer_gpus is not None and "--device" not in up.trainer_args:
         trainer_args += ["--device", "cuda"]
+    if up.trainer_sharding != "fsdp":
+        trainer_args += ["--sharding", up.trainer_sharding]
     trainer_args += up.trainer_args
-    trainer_env = {**share("trainer"), **up.trainer_env()}
-    trainer = sup.start("trainer", "trainer", trainer_args, env=trainer_env, nproc=up.trainer_procs)
-    trainer_address = _address(wait(trainer))
+    trainer, *other_nodes = start_trainer(sup, up, trainer_args, share("trainer"))
+    trainer_address = _address(wait(trainer, other_nodes))
     inference_flags = [flag for r in replicas for flag in ("--inference", _address(wait(r)))]
     controller_args = [*common, "--trainer", trainer_address, *inference_flags, *_pick_ports("grpc", "metrics")]
     controller_args += controller_flags
@@ -262,6 +267,34 @@ def _start_stack(
     controller = sup.start("controller", "controller", [*controller_args, *up.controller_args])
     wait(controller)
     return controller
+
+
+def start_trainer(sup: Supervisor, up: UpConfig, args: list[str], env: dict[str, str]) -> list[Child]:
+    """The trainer: one process, one torchrun agent of `trainer_procs` ranks, or with `trainer_nodes` > 1 one agent
+    per node (`trainer-node<i>`), meeting through a c10d rendezvous on a free loopback port. Node 0 starts first
+    (so it holds rank 0, which serves); every agent is given the same ready file, written by rank 0."""
+    if up.trainer_nodes == 1:
+        return [sup.start("trainer", "trainer", args, env={**env, **up.trainer_env()}, nproc=up.trainer_procs)]
+    endpoint, run_id = f"127.0.0.1:{free_loopback_port()}", f"fleetrl-trainer-{uuid.uuid4().hex[:12]}"
+    launcher = torchrun_argv(up.trainer_procs, up.trainer_nodes, endpoint, run_id)
+    return [
+        sup.start(
+            f"trainer-node{i}",
+            "trainer",
+            args,
+            env={**env, **up.trainer_env(i)},
+            launcher=launcher,
+            ready_name="trainer",
+        )
+        for i in range(up.trainer_nodes)
+    ]
+
+
+def free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous store binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _watch(

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,15 +71,19 @@ class Supervisor:
         *,
         env: dict[str, str] | None = None,
         nproc: int = 1,
+        launcher: list[str] | None = None,
+        ready_name: str | None = None,
     ) -> Child:
-        """Start `fleetrl serve <kind> args` (under torchrun with `nproc` ranks when above 1), with `env` added to
-        the supervisor's environment."""
-        ready_file = self.log_dir / "ready" / f"{name}.json" if ready else None
+        """Start `fleetrl serve <kind> args` (under torchrun with `nproc` ranks when above 1, or under `launcher`,
+        e.g. `torchrun_argv(...)` of one node of several), with `env` added to the supervisor's environment. The
+        ready file is `ready/<ready_name or name>.json` (the agents of one multi-node service share one: whichever
+        holds rank 0 writes it)."""
+        ready_file = self.log_dir / "ready" / f"{ready_name or name}.json" if ready else None
         if ready_file is not None:
             ready_file.parent.mkdir(parents=True, exist_ok=True)
             ready_file.unlink(missing_ok=True)
             args = [*args, "--ready-file", str(ready_file)]
-        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
+        launcher = torchrun_argv(nproc) if launcher is None else launcher
         argv = [sys.executable, *launcher, "-m", "fleetrl", "serve", kind, *args]
         log_path = self.log_dir / f"{name}.log"
         with open(log_path, "ab") as log_file:
@@ -98,13 +102,25 @@ class Supervisor:
         self.children.append(child)
         return child
 
-    def wait_ready(self, child: Child, timeout_s: float) -> dict[str, Any]:
+    def wait_ready(self, child: Child, timeout_s: float, peers: Sequence[Child] = ()) -> dict[str, Any]:
+        """`child`'s ready file; fails if it, or one of `peers` (the other agents of a multi-node service), exits."""
         assert child.ready_file is not None
-        try:
-            child.info = wait_ready_file(child.ready_file, timeout_s, child.process)
-        except (TimeoutError, RuntimeError) as exc:
-            raise ServiceFailed(child, f"{child.name} did not become ready: {exc}") from None
-        return child.info
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                child.info = wait_ready_file(child.ready_file, max(0.0, min(1.0, left)), child.process)
+                return child.info
+            except RuntimeError as exc:
+                raise ServiceFailed(child, f"{child.name} did not become ready: {exc}") from None
+            except TimeoutError:
+                if left <= 1.0:
+                    message = f"{child.ready_file} did not appear within {timeout_s}s"
+                    raise ServiceFailed(child, f"{child.name} did not become ready: {message}") from None
+            for peer in peers:
+                if (code := peer.poll()) is not None:
+                    message = f"{child.name} did not become ready: {peer.name} exited with code {code}"
+                    raise ServiceFailed(peer, message) from None
 
     def stop_all(self, grace_s: float = 10.0, patient: Mapping[str, float] | None = None) -> None:
         """Stop every live child one kind at a time, newest kind first (gateways, controller, trainer, reference,
@@ -126,6 +142,33 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, signal.SIGKILL)
                     child.process.wait(timeout=10)
+
+
+def torchrun_argv(nproc: int, nnodes: int = 1, rdzv_endpoint: str = "", rdzv_id: str = "") -> list[str]:
+    """The `python -m torch.distributed.run` flags of one agent (none for a single process): `--standalone` on one
+    node; across `nnodes` a c10d rendezvous at `rdzv_endpoint` under `rdzv_id`, every agent on loopback
+    (`--local-addr 127.0.0.1`). c10d numbers the nodes itself (by address, then agent pid: the agent started first
+    holds rank 0 here) and ignores `--node-rank`, which is therefore not passed."""
+    if nnodes == 1:
+        return ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else []
+    if not rdzv_endpoint or not rdzv_id:
+        raise ValueError("a multi-node torchrun needs a rendezvous endpoint and id")
+    return [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(nnodes),
+        "--nproc-per-node",
+        str(nproc),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        rdzv_endpoint,
+        "--rdzv-id",
+        rdzv_id,
+        "--local-addr",
+        "127.0.0.1",
+    ]
 
 
 class ServiceFailed(RuntimeError):

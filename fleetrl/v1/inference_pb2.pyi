@@ -55,7 +55,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("model", "engine", "loaded_version", "loaded_checksum", "queue_depth", "tokens_per_s", "generated_tokens", "requests")
+    __slots__ = ("model", "engine", "loaded_version", "loaded_checksum", "queue_depth", "tokens_per_s", "generated_tokens", "requests", "relay_address", "relay_version")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,8 @@ class StatusResponse(_message.Message):
     TOKENS_PER_S_FIELD_NUMBER: _ClassVar[int]
     GENERATED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_VERSION_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     loaded_version: int
@@ -72,17 +74,21 @@ class StatusResponse(_message.Message):
     tokens_per_s: float
     generated_tokens: int
     requests: int
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., loaded_version: _Optional[int] = ..., loaded_checksum: _Optional[str] = ..., queue_depth: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., requests: _Optional[int] = ...) -> None: ...
+    relay_address: str
+    relay_version: int
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., loaded_version: _Optional[int] = ..., loaded_checksum: _Optional[str] = ..., queue_depth: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., requests: _Optional[int] = ..., relay_address: _Optional[str] = ..., relay_version: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("version", "source", "timeout_s")
+    __slots__ = ("version", "source", "timeout_s", "relay")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     version: int
     source: str
     timeout_s: float
-    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    relay: bool
+    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., timeout_s: _Optional[float] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class LoadWeightsResponse(_message.Message):
     __slots__ = ("version", "checksum", "transfer_s", "pause_s")

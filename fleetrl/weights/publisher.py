@@ -65,6 +65,7 @@ class WeightPublisher:
     The serving loop runs in a background thread; if it fails, the failure is logged and raised
     as WeightTransferError by the next ``publish`` or ``close``. With ``auth_token`` set, a fetch
     without that token is refused. ``counts`` (``snapshot_counts()``): "requests" handled,
+    "manifests_served" (fetches begun), "bytes_served" (tensor bytes sent),
     "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal)
     and "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
     ``session_sweep_s``).
@@ -387,6 +388,7 @@ class WeightPublisher:
         self._sessions[session_id] = _Session(snapshot, peer)
         transfer = json.dumps({"chunk_bytes": self.chunk_bytes}).encode()
         self._send(sock, peer, [b"manifest", session_id, transfer, snapshot.manifest_bytes])
+        self.counts["manifests_served"] += 1
         logger.debug("weight publisher: serving version %d to a receiver", version)
 
     def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
@@ -411,6 +413,7 @@ class WeightPublisher:
         session.last_seen = time.monotonic()
         payload = self._chunk_payload(session.snapshot, tensor_index, start, stop)
         self._send(sock, peer, [b"chunk", args[1], payload])
+        self.counts["bytes_served"] += stop - start
 
     def _expire_sessions(self, now: float) -> None:
         expired = [s for s, v in self._sessions.items() if now - v.last_seen > self._session_timeout_s]

@@ -21,6 +21,7 @@ import grpc
 
 from fleetrl import metric_names as mn
 from fleetrl.controller.members import Member, MemberRegistry
+from fleetrl.controller.push_plan import PushSource, push_sources
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.controller.step_line import StepTimes, step_line
@@ -141,6 +142,7 @@ class Orchestrator:
                 stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
                 status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
                 loaded = int(status.loaded_version)
+                member.relay_address, member.relay_version = status.relay_address, int(status.relay_version)
                 if loaded < self.pushed_version and not member.fenced:
                     self.members.fence(member.member_id, f"serves version {loaded}")
                 elif member.fenced and loaded >= self.pushed_version:
@@ -177,16 +179,23 @@ class Orchestrator:
         restarted, or missed a push), in the background; it is routable again once loaded."""
         if not self.weights_source or self._load_in_flight(member):
             return
-        version, source = self.pushed_version, self.weights_source
-        log.info("replica %s serves version %d, the run is at %d: pushing it", member.member_id, loaded, version)
+        version, trainer = self.pushed_version, self.weights_source
+        plan = PushSource(trainer, False)
+        if self.run_cfg.weight_fanout != "direct" and member.relay_address:
+            # Relayed pushes: from a peer whose relay holds the version, else the trainer; through its own relay.
+            peer = self.members.relay_source(version, self.clock(), exclude=member.member_id)
+            plan = PushSource(trainer if peer is None else peer.relay_address, True)
+        log.info(
+            "replica %s serves version %d, the run is at %d: pushing it from %s",
+            member.member_id,
+            loaded,
+            version,
+            plan.source,
+        )
 
         async def load() -> None:
-            stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
-            request = inference_pb2.LoadWeightsRequest(
-                version=version, source=source, timeout_s=self.weight_push_timeout_s
-            )
             try:
-                reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+                reply, src = await self._load_weights(member, version, plan)
             except grpc.aio.AioRpcError as exc:  # it stays fenced; the next poll tries again
                 log.warning(
                     "replica %s did not load version %d: %s: %s",
@@ -199,7 +208,7 @@ class Orchestrator:
             if self.members.members.get(member.member_id) is not member:
                 return  # it restarted meanwhile: the new process starts from the base model
             if reply.version >= self.pushed_version:
-                log.info("replica %s loaded version %d: back in rotation", member.member_id, reply.version)
+                log.info("replica %s loaded version %d from %s: back in rotation", member.member_id, reply.version, src)
                 self.members.loaded(member.member_id, reply.version)
             else:  # a newer version was published meanwhile: the next poll pushes that one
                 member.version = int(reply.version)
@@ -382,23 +391,23 @@ class Orchestrator:
             if m.missed_polls < UNRESPONSIVE_POLLS and not self._load_in_flight(m)
         ]
         refused: list[str] = []
+        # weight_fanout "direct": each fetches from the trainer; "chain"/"tree": relayed, planned in registration
+        # order (fleetrl.controller.push_plan), all started at once (each relay pipelines from its upstream).
+        plans = push_sources([(m.member_id, m.relay_address) for m in replicas], self.run_cfg.weight_fanout, source)
 
         async def push(member: Any) -> None:
-            stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
-            request = inference_pb2.LoadWeightsRequest(
-                version=version, source=source, timeout_s=self.weight_push_timeout_s
-            )
             try:
-                reply = await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+                reply, src = await self._load_weights(member, version, plans[member.member_id])
                 if self.members.members.get(member.member_id) is not member:
                     return  # it restarted during the push: the new process is caught up by the poller
                 if member.fenced:
                     log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
                 self.members.loaded(member.member_id, reply.version)
                 log.info(
-                    "replica %s loaded version %d (transfer %.3f s, pause %.3f s)",
+                    "replica %s loaded version %d from %s (transfer %.3f s, pause %.3f s)",
                     member.member_id,
                     reply.version,
+                    src,
                     reply.transfer_s,
                     reply.pause_s,
                 )
@@ -441,6 +450,40 @@ class Orchestrator:
                 "no replica serves version %d yet: rollouts wait until one answers again and has loaded it", version
             )
         return self.clock() - t0
+
+    async def _load_weights(self, member: Member, version: int, plan: PushSource) -> tuple[Any, str]:
+        """LoadWeights(version) from `plan`'s source; a relayed load from a peer that the replica answered with a
+        failure (its upstream died, stalled or does not hold the version) is tried once more from the trainer
+        directly, so a failure in a chain never wedges a push. Returns the reply and the source it loaded from;
+        raises the last AioRpcError."""
+        stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+
+        async def load(source: str) -> Any:
+            request = inference_pb2.LoadWeightsRequest(
+                version=version, source=source, timeout_s=self.weight_push_timeout_s, relay=plan.relay
+            )
+            return await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+
+        source = plan.source
+        try:
+            reply = await load(source)
+        except grpc.aio.AioRpcError as exc:
+            trainer = self.weights_source
+            if exc.code() in GONE_CODES or not trainer or not plan.from_peer(trainer):
+                raise
+            log.warning(
+                "replica %s could not load version %d relayed from %s (%s: %s): loading it from the trainer",
+                member.member_id,
+                version,
+                source,
+                exc.code().name,
+                exc.details(),
+            )
+            source = trainer
+            reply = await load(source)
+        if plan.relay:  # its relay holds the version now (a catch-up may fetch it there before the next poll)
+            member.relay_version = int(reply.version)
+        return reply, source
 
     def request_stop(self) -> None:
         """Stop after the step in flight (SIGINT/SIGTERM): its metrics line is written and the trainer, stopped

@@ -60,6 +60,19 @@ class InferenceConfig(BaseModel):
     weight_load_timeout_s: float = Field(
         300.0, gt=0, description="LoadWeights default timeout (fetch + verify + swap)."
     )
+    relay_port: int | None = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of this replica's weight relay, which serves the version it loaded through it to its "
+        "peers (0 = pick, None = off: relayed loads are refused).",
+    )
+    relay_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A relayed load fails after this long without progress from its upstream (or waiting for a "
+        "peer to start the version); the controller then loads the replica from the trainer directly.",
+    )
     shutdown_grace_s: float = Field(5.0, ge=0, description="Grace for in-flight RPCs at stop.")
     log_level: str = Field("INFO", description="Python log level name.")
     ready_file: str | None = Field(None, description="Write the bound ports here as JSON once serving.")
@@ -88,6 +101,7 @@ class InferenceConfig(BaseModel):
                 ("grpc_port", self.grpc_port),
                 ("http_port", self.http_port),
                 ("metrics_port", self.metrics_port),
+                ("relay_port", self.relay_port),
             )
             if p
         ]

@@ -2,6 +2,7 @@
 
     fleetrl serve inference --model PATH --engine vllm|hf --grpc-port 50051 --http-port 8000 \\
         --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics] \\
+        [--relay-port 0 | --no-relay] [--relay-timeout-s 30] \\
         [--controller HOST:PORT [--member-id ID]] [--max-lora-rank R]
 
 With --controller the replica joins that run once serving: it registers, heartbeats, and the controller brings it
@@ -9,7 +10,8 @@ to the run's current version before routing rollouts to it.
 
 Flags override the config file. Heavy modules (torch, grpc, vLLM) are imported only after parsing, so
 `--help` is fast. Binds 127.0.0.1 unless --host says otherwise. The service shell (fleetrl/shell) runs the server:
---ready-file gets host, grpc_port, http_port and metrics_port once every endpoint serves; SIGINT/SIGTERM stop it
+--ready-file gets host, grpc_port, http_port, metrics_port and relay_address (its weight relay, which re-serves
+the versions loaded through it to peers: docs/weights.md) once every endpoint serves; SIGINT/SIGTERM stop it
 (exit code 0).
 """
 
@@ -35,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051, 0 = pick)")
     parser.add_argument("--http-port", type=int, help="OpenAI HTTP port (default 8000, 0 = pick)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9400, 0 = pick)")
+    parser.add_argument("--relay-port", type=int, help="weight relay port (default 0 = pick)")
+    parser.add_argument("--relay-timeout-s", type=float, help="a relayed load fails after this long without progress")
+    parser.add_argument("--no-relay", action="store_true", help="serve no weight relay (relayed loads are refused)")
     parser.add_argument("--no-http", action="store_true", help="do not serve the OpenAI HTTP API")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument("--served-model-name", help="model id in the OpenAI API")
@@ -65,6 +70,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "grpc_port": args.grpc_port,
         "http_port": args.http_port,
         "metrics_port": args.metrics_port,
+        "relay_port": args.relay_port,
+        "relay_timeout_s": args.relay_timeout_s,
         "served_model_name": args.served_model_name,
         "dtype": args.dtype,
         "max_num_seqs": args.max_num_seqs,
@@ -88,6 +95,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         disabled["http_port"] = None
     if args.no_metrics:
         disabled["metrics_port"] = None
+    if args.no_relay:
+        disabled["relay_port"] = None
     return config.model_copy(update=disabled) if disabled else config
 
 

@@ -2,8 +2,9 @@
 (http_api.py, run by http_server.py) and Prometheus metrics (metrics.py), optionally joined to a run's controller.
 
 `InferenceService` is a `fleetrl.shell.Service`; the shell (fleetrl/shell/service.py) serves /metrics, writes the
-ready file (host, grpc_port, http_port, metrics_port), handles SIGINT/SIGTERM and turns the outcome into the exit
-code. The launcher makes one call:
+ready file (host, grpc_port, http_port, metrics_port, relay_address), handles SIGINT/SIGTERM and turns the outcome
+into the exit code. The weight relay (weight_relay.py) re-serves the versions loaded through it to peers. The
+launcher makes one call:
 
     code = await serve(config)     # make_engine + create_server + run_service
 
@@ -33,6 +34,7 @@ from fleetrl.services.inference.engine import InferenceEngine
 from fleetrl.services.inference.http_server import HttpServer
 from fleetrl.services.inference.metrics import InferenceMetrics
 from fleetrl.services.inference.servicer import InferenceServicer
+from fleetrl.services.inference.weight_relay import ReplicaRelay, pick_relay_port
 from fleetrl.shell.service import EXIT_OK, Service, ShellConfig, run_service
 from fleetrl.telemetry import MetricsServer, start_metrics_server
 from fleetrl.v1 import inference_pb2_grpc
@@ -52,8 +54,10 @@ class InferenceService(Service):
         grpc_server: grpc.aio.Server,
         grpc_port: int,
         metrics: InferenceMetrics,
+        relay: ReplicaRelay | None = None,
     ) -> None:
         self.config = config
+        self.relay = relay  # relays the versions loaded through it to peers (None: relay off)
         self.engine = engine
         self.grpc_server = grpc_server
         self.grpc_port = grpc_port
@@ -102,9 +106,10 @@ class InferenceService(Service):
         return self.ready_info()
 
     def ready_info(self) -> dict[str, Any]:
-        """Where the service listens: host, grpc_port, http_port and metrics_port (None = off). Under the shell,
-        the shell adds metrics_port itself."""
+        """Where the service listens: host, grpc_port, http_port, metrics_port (None = off) and relay_address (the
+        weight relay's, None = off). Under the shell, the shell adds metrics_port itself."""
         info: dict[str, Any] = {"host": self.config.host, "grpc_port": self.grpc_port, "http_port": self.http_port}
+        info["relay_address"] = None if self.relay is None else self.relay.address
         if not self._metrics_bound:
             info["metrics_port"] = self.metrics_port
         return info
@@ -145,16 +150,32 @@ class InferenceService(Service):
         await self.grpc_server.stop(self.config.shutdown_grace_s)
         if self.metrics_server is not None:
             self.metrics_server.close()
+        if self.relay is not None:
+            await self.relay.close()
         if self._engine_started:
             await self.engine.shutdown()
             self._engine_started = False
 
 
 def create_server(config: InferenceConfig, engine: InferenceEngine) -> InferenceService:
-    """Build the gRPC server (bound, not started) and metrics for `engine`."""
+    """Build the gRPC server (bound, not started), the weight relay (its port picked, nothing bound) and metrics
+    for `engine`."""
     metrics = InferenceMetrics(CollectorRegistry(), engine)
+    relay = None
+    if config.relay_port is not None:
+        port = config.relay_port or pick_relay_port(config.host)
+        bind_host = f"[{config.host}]" if ":" in config.host else config.host
+        relay = ReplicaRelay(
+            f"tcp://{bind_host}:{port}",
+            "tcp://" + advertised_address(config.host, port),
+            timeout_s=config.relay_timeout_s,
+        )
     servicer = InferenceServicer(
-        engine, metrics, weight_load_timeout_s=config.weight_load_timeout_s, auth_token=config.auth_token
+        engine,
+        metrics,
+        weight_load_timeout_s=config.weight_load_timeout_s,
+        auth_token=config.auth_token,
+        relay=relay,
     )
     server, port = create_grpc_server(
         [lambda s: inference_pb2_grpc.add_InferenceServicer_to_server(servicer, s)],
@@ -163,7 +184,7 @@ def create_server(config: InferenceConfig, engine: InferenceEngine) -> Inference
         auth_token=config.auth_token,
         max_message_mb=config.max_message_mb,
     )
-    return InferenceService(config, engine, server, port, metrics)
+    return InferenceService(config, engine, server, port, metrics, relay)
 
 
 def make_engine(config: InferenceConfig) -> InferenceEngine:

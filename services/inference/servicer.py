@@ -17,6 +17,7 @@ from fleetrl.clients.inference_proto import completions_to_proto, request_from_p
 from fleetrl.rpc import resolve_auth_token
 from fleetrl.services.inference.engine import EngineError, InferenceEngine, WeightLoadError
 from fleetrl.services.inference.metrics import InferenceMetrics
+from fleetrl.services.inference.weight_relay import ReplicaRelay
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -26,7 +27,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     """fleetrl.v1.Inference on top of an InferenceEngine.
 
     `auth_token` is the weight stream's token (None = $FLEETRL_AUTH_TOKEN, read at each load);
-    `weight_load_timeout_s` applies to a LoadWeights request that names no timeout.
+    `weight_load_timeout_s` applies to a LoadWeights request that names no timeout; `relay` (None: off) takes the
+    loads that ask to be relayed (`LoadWeightsRequest.relay`).
     """
 
     def __init__(
@@ -36,8 +38,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         *,
         weight_load_timeout_s: float,
         auth_token: str | None = None,
+        relay: ReplicaRelay | None = None,
     ) -> None:
         self._engine = engine
+        self._relay = relay
         self._metrics = metrics
         self._weight_load_timeout_s = weight_load_timeout_s
         self._auth_token = auth_token
@@ -68,6 +72,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             tokens_per_s=stats.tokens_per_s,
             generated_tokens=stats.generated_tokens,
             requests=stats.requests,
+            relay_address="" if self._relay is None else self._relay.address,
+            relay_version=0 if self._relay is None else self._relay.version,
         )
 
     async def LoadWeights(
@@ -77,13 +83,19 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             message = f"LoadWeights: timeout_s must be a finite number > 0, got {timeout_s}"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        relay = self._relay if request.relay else None
+        if request.relay and relay is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "LoadWeights: this replica serves no relay")
+        auth_token = resolve_auth_token(self._auth_token)
         try:
-            result = await self._engine.load_weights(
-                request.version,
-                request.source,
-                auth_token=resolve_auth_token(self._auth_token),
-                timeout_s=timeout_s,
-            )
+            if relay is not None:
+                result = await relay.load(
+                    self._engine, request.version, request.source, auth_token=auth_token, timeout_s=timeout_s
+                )
+            else:
+                result = await self._engine.load_weights(
+                    request.version, request.source, auth_token=auth_token, timeout_s=timeout_s
+                )
         except WeightLoadError as exc:
             self._metrics.observe_load(None)
             logger.warning(
@@ -99,10 +111,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"LoadWeights: {exc}")
         self._metrics.observe_load(result)
         logger.info(
-            "loaded weights version %d (checksum %s) from %s: transfer %.3f s, pause %.4f s",
+            "loaded weights version %d (checksum %s) from %s%s: transfer %.3f s, pause %.4f s",
             result.version,
             result.checksum,
             request.source,
+            " through the relay" if request.relay else "",
             result.transfer_s,
             result.pause_s,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -62,6 +62,10 @@ class TrainerServiceConfig(BaseModel):
     )
     reference_timeout_s: float = Field(300.0, gt=0, description="A ComputeLogprobs call fails after this.")
     dist_timeout_s: float = Field(3600.0, gt=0, description="Collective timeout under torchrun (incl. idle waits).")
+    sharding: Literal["fsdp", "hsdp"] = Field(
+        "fsdp",
+        description="Under torchrun: fsdp shards over every rank; hsdp shards within a node, replicates across nodes.",
+    )
     max_message_mb: int = Field(256, ge=1, description="gRPC message size limit in MiB.")
     max_group_mb: int = Field(
         32,

@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument("--reference", help="HOST:PORT of the reference service, or 'local'")
     parser.add_argument("--device", help="torch device (default cpu)")
+    parser.add_argument(
+        "--sharding", choices=("fsdp", "hsdp"), help="under torchrun: fsdp (default) or hsdp (replicate across nodes)"
+    )
     parser.add_argument("--micro-batch-size", type=int, help="samples per forward/backward")
     parser.add_argument("--total-steps", type=int, help="run length in batches (LR decay)")
     parser.add_argument("--resume", action="store_true", help="restore the latest checkpoint first")
@@ -74,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "metrics_port": args.metrics_port,
         "reference": reference,
         "device": args.device,
+        "sharding": args.sharding,
         "micro_batch_size": args.micro_batch_size,
         "total_steps": args.total_steps,
         "resume": args.resume or None,

@@ -30,7 +30,7 @@ from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from fleetrl.group_stream import GroupReceiver
-from fleetrl.groups import RolloutGroup, write_groups_jsonl
+from fleetrl.rollout_group import RolloutGroup, write_groups_jsonl
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
 from fleetrl.services.trainer.auto_steps import AutoSteps
 from fleetrl.services.trainer.config import TrainerServiceConfig
@@ -339,7 +339,7 @@ async def serve(config: TrainerServiceConfig, trainer: PolicyTrainer) -> int:
 
 def run(config: TrainerServiceConfig) -> int:
     """The trainer process: standalone, a follower rank, or rank 0 serving."""
-    ctx = DistContext.from_env(device=config.device, timeout_s=config.dist_timeout_s)
+    ctx = DistContext.from_env(device=config.device, timeout_s=config.dist_timeout_s, sharding=config.sharding)
     try:
         if config.standalone:
             from fleetrl.services.trainer.standalone import run_standalone

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleetrl.groups import read_groups_jsonl, split_valid
+from fleetrl.rollout_group import read_groups_jsonl, split_valid
 from fleetrl.services.trainer.config import TrainerServiceConfig
 from fleetrl.trackers.jsonl import JsonlTracker
 from fleetrl.trainer import PolicyTrainer

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fleetrl.group_stream import GroupDecodeError, GroupReceiver, decode_group, encode_group
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.v1 import controller_pb2, rollout_pb2
 
 

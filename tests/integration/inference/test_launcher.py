@@ -82,7 +82,8 @@ async def test_the_launched_server_serves_everything_and_stops_cleanly(tiny_mode
     try:
         lines = _Lines(proc)
         ready = await asyncio.to_thread(wait_ready_file, tmp_path / "ready.json", 120, proc)
-        assert set(ready) == {"host", "grpc_port", "http_port", "metrics_port"}  # `fleetrl up` and compose read these
+        # `fleetrl up` and compose read these
+        assert set(ready) == {"host", "grpc_port", "http_port", "metrics_port", "relay_address"}
         assert ready["host"] == "127.0.0.1"
         grpc_port, http_port, metrics_port = ready["grpc_port"], ready["http_port"], ready["metrics_port"]
         lines.wait_for(rf"inference server up: .* grpc 127\.0\.0\.1:{grpc_port}, http {http_port}", 10)

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from fleetrl.groups import read_groups_jsonl, write_groups_jsonl
+from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import DistContext, PolicyTrainer
 from fleetrl.trainer.distributed import destroy
 from tests.unit.trainer.helpers import make_cfg, tiny_groups

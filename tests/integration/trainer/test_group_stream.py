@@ -9,8 +9,8 @@ import pytest
 import zmq
 
 from fleetrl.group_stream import GroupReceiver, GroupSender, GroupStreamError
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from fleetrl.groups import write_groups_jsonl
+from fleetrl.rollout_group import write_groups_jsonl
 from tests.unit.trainer.helpers import tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

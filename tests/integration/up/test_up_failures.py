@@ -15,8 +15,8 @@ import pytest
 
 from fleetrl.controller.journal import Journal
 from fleetrl.group_stream import GroupSender
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.up.status import fetch_status
 from tests.integration.up.conftest import (
     REPO,

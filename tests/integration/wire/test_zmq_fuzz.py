@@ -16,8 +16,8 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from fleetrl.group_stream import GroupReceiver, GroupSender, encode_group
-from fleetrl.groups import RolloutGroup
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.v1 import controller_pb2, rollout_pb2
 from fleetrl.weights import WeightPublisher, fetch_weights
 from fleetrl.weights.protocol import PROTOCOL, RANGE

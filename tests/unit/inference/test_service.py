@@ -52,8 +52,10 @@ async def test_the_shell_writes_the_ready_file_and_serves_the_inference_metrics(
     service.run = probe  # type: ignore[method-assign]
     assert await run_service(service, ShellConfig.of(config)) == EXIT_OK
     ready = seen["ready"]
-    assert set(ready) == {"host", "grpc_port", "http_port", "metrics_port"}
+    assert set(ready) == {"host", "grpc_port", "http_port", "metrics_port", "relay_address"}
     assert ready["host"] == "127.0.0.1" and ready["grpc_port"] == service.grpc_port and ready["http_port"] is None
+    assert ready["relay_address"] == service.relay.address == seen["status"].relay_address
+    assert ready["relay_address"].startswith("tcp://127.0.0.1:") and seen["status"].relay_version == 0
     assert isinstance(ready["metrics_port"], int) and ready["metrics_port"] > 0
     assert "fleetrl_inference_loaded_version 0.0" in seen["metrics"]
     assert (seen["status"].engine, seen["status"].model) == ("fake", "/models/fake")
@@ -61,7 +63,7 @@ async def test_the_shell_writes_the_ready_file_and_serves_the_inference_metrics(
 
 
 async def test_without_metrics_the_ready_file_says_so(tmp_path: Path) -> None:
-    config = _config(tmp_path, metrics_port=None)
+    config = _config(tmp_path, metrics_port=None, relay_port=None)
     service = create_server(config, ScriptedEngine())
     seen: dict = {}
 
@@ -76,6 +78,7 @@ async def test_without_metrics_the_ready_file_says_so(tmp_path: Path) -> None:
         "grpc_port": service.grpc_port,
         "http_port": None,
         "metrics_port": None,
+        "relay_address": None,
     }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrl import Config
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer.model import load_causal_lm
 from fleetrl.trainer.synthetic import synthetic_groups
 

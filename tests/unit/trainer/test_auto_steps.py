@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 from fleetrl import RolloutSample
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.services.trainer.auto_steps import AutoSteps
 from fleetrl.trainer.buffer import GroupBuffer, GroupRef
 

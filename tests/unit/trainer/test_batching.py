@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fleetrl.groups import RolloutGroup
 from fleetrl.losses import policy_loss
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer.batching import Totals, build_step_batch, chunk, part_loss_scale, split_even
 
 

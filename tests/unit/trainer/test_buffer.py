@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer.buffer import GroupBuffer, MissingGroupsError
 
 

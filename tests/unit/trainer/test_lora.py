@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from fleetrl import metric_names as mn
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
 from fleetrl.up.evaluate import servable_model

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fleetrl.advantages import group_advantages
-from fleetrl.groups import RolloutGroup
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer, StepError
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from fleetrl.datum import build_datum
-from fleetrl.groups import RolloutGroup
 from fleetrl.losses import LOSS_NAMES
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer, StepError
 from fleetrl.trainer.batching import build_step_batch
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs

@@ -20,6 +20,7 @@ from fleetrl.weights import (
 )
 from fleetrl.weights.manifest import tensor_bytes
 from fleetrl.weights.protocol import PROTOCOL, RANGE, parse_error
+from tests.waiting import wait_until
 
 CHUNK = 4096  # the publisher's largest message
 PIECE = 1500  # the relays' pipelining grain: several tensors arrive in pieces, at odd offsets
@@ -212,7 +213,42 @@ def test_relaying_is_pipelined_a_downstream_gets_its_first_tensor_before_the_rel
             pub.gate.set()
 
 
-class _CorruptingPublisher(WeightPublisher):
+class _PieceGatedPublisher(WeightPublisher):
+    """Holds the bytes of tensor "big" from offset 3000 on until ``gate`` is set."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+
+    def _chunk_payload(self, snapshot: Any, tensor_index: int, start: int, stop: int) -> Any:
+        if snapshot.manifest.tensors[tensor_index].name == "big" and start >= 3000:
+            self.gate.wait(30)
+        return super()._chunk_payload(snapshot, tensor_index, start, stop)
+
+
+def test_pieces_of_a_tensor_are_served_on_before_the_whole_tensor_has_arrived():
+    sd = _state_dict(seed=4)
+    with _PieceGatedPublisher(chunk_bytes=CHUNK) as pub:
+        try:
+            manifest = pub.publish(1, sd)
+            before_big = sum(-(-spec.nbytes // PIECE) for spec in manifest.tensors[: list(sd).index("big")])
+            with _relay(pub.address) as r1, _relay(r1.address) as r2:
+                # r1 holds big[0:3000) of 20020 bytes; its two pieces reach r2 all the same.
+                wait_until(
+                    lambda: r1.counts["chunks_served"] == before_big + 2,
+                    10,
+                    "the first two pieces of 'big' to be served on by r1",
+                )
+                assert not r1.done
+                pub.gate.set()
+                _assert_bit_exact(r2.wait(timeout_s=30)[1], sd)
+        finally:
+            pub.gate.set()
+
+
+class _CorruptingPublisher(_GatedPublisher):
+    """Flips a bit of tensor "big" (once ``gate`` lets the tensors after the first go)."""
+
     def _chunk_payload(self, snapshot: Any, tensor_index: int, start: int, stop: int) -> Any:
         payload = super()._chunk_payload(snapshot, tensor_index, start, stop)
         if snapshot.manifest.tensors[tensor_index].name == "big" and start == 0:
@@ -224,21 +260,25 @@ class _CorruptingPublisher(WeightPublisher):
 def test_corrupted_bytes_upstream_are_detected_at_the_next_hop_and_fail_every_hop_below():
     sd = _state_dict()
     with _CorruptingPublisher(chunk_bytes=CHUNK) as pub:
-        pub.publish(1, sd)
-        with _relay(pub.address) as r1, _relay(r1.address) as r2:
-            seen = []
-            with pytest.raises(WeightTransferError, match="checksum mismatch for tensor 'big'") as info:
-                for name, _ in r1.iter_weights():
-                    seen.append(name)
-            assert info.value.reason == "checksum"
-            assert seen == list(sd)[: list(sd).index("big")]  # the good tensors before it were handed out
-            with pytest.raises(WeightTransferError) as info:
-                r2.wait(timeout_s=30)
-            assert info.value.reason == "checksum"
-            # A fetch starting now is refused with the upstream's reason.
-            with pytest.raises(WeightTransferError, match="lost its upstream") as info:
-                fetch_weights(r1.address, 1, timeout_s=10)
-            assert info.value.reason == "checksum"
+        try:
+            pub.publish(1, sd)
+            with _relay(pub.address) as r1, _relay(r1.address) as r2:
+                pub.gate.set()  # both relays hold the manifest: now let the corruption through
+                seen = []
+                with pytest.raises(WeightTransferError, match="checksum mismatch for tensor 'big'") as info:
+                    for name, _ in r1.iter_weights():
+                        seen.append(name)
+                assert info.value.reason == "checksum"
+                assert seen == list(sd)[: list(sd).index("big")]  # the good tensors before it were handed out
+                with pytest.raises(WeightTransferError) as info:
+                    r2.wait(timeout_s=30)
+                assert info.value.reason == "checksum"
+                # A fetch starting now is refused with the upstream's reason.
+                with pytest.raises(WeightTransferError, match="lost its upstream") as info:
+                    fetch_weights(r1.address, 1, timeout_s=10)
+                assert info.value.reason == "checksum"
+        finally:
+            pub.gate.set()
 
 
 class _DyingPublisher(WeightPublisher):
@@ -260,7 +300,8 @@ def test_an_upstream_dying_mid_transfer_is_a_weight_transfer_error_at_every_hop_
     pub = _DyingPublisher(chunk_bytes=CHUNK)
     try:
         pub.publish(1, sd)
-        with _relay(pub.address, timeout_s=1) as r1, _relay(r1.address, timeout_s=30) as r2:
+        # r1 gives up on its upstream 2 s after the last piece (long enough for r2 to fetch its manifest first).
+        with _relay(pub.address, timeout_s=2) as r1, _relay(r1.address, timeout_s=30) as r2:
             stream = iter_weights(r2.address, 1, timeout_s=60)
             name, _ = next(stream)
             assert name == "embed.weight"
@@ -346,3 +387,12 @@ def test_malformed_requests_get_error_replies_and_the_relay_keeps_serving(publis
         _, tensors = fetch_weights(relay.address, 1, timeout_s=10)
         _assert_bit_exact(tensors, sd)
         assert relay.counts["requests_refused/protocol"] == 4
+
+
+def test_binding_a_taken_address_is_a_clear_error(publisher):
+    publisher.publish(1, _state_dict())
+    with pytest.raises(WeightTransferError, match="cannot bind") as info:
+        _relay(publisher.address, bind=publisher.address)
+    assert info.value.reason == "publisher"
+    with _relay(publisher.address) as relay:  # the publisher is unharmed
+        relay.wait(timeout_s=30)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from fleetrl.groups import GroupFormatError, RolloutGroup, read_groups_jsonl, split_valid, write_groups_jsonl
 from fleetrl.rollout import RolloutSample
+from fleetrl.rollout_group import GroupFormatError, RolloutGroup, read_groups_jsonl, split_valid, write_groups_jsonl
 
 
 def _sample(**kw) -> RolloutSample:

@@ -1,0 +1,103 @@
+"""This replica's weight relay: `ReplicaRelay` holds the one `WeightRelay` through which relayed loads arrive.
+
+A replica binds one relay port at start. Told to load version v through its relay from upstream U (the trainer's
+weight stream or a peer's relay), it closes the previous version's relay, starts `WeightRelay(U, v)` on that port
+and has its engine load v from the relay's own address on loopback, so the engine needs no change; the relay keeps
+serving v to peers (one that joins the run later, or is pushed v later) until the next relayed load.
+
+An upstream peer that has not started v yet (its relay still holds an older version) is asked again, every
+`retry_s`, for up to `timeout_s`; a relay whose upstream stops making progress for `timeout_s` fails the load
+(the controller then loads that replica from the trainer directly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+
+from fleetrl.clients.inference_types import LoadResult
+from fleetrl.services.inference.engine import InferenceEngine, WeightLoadError
+from fleetrl.weights import WeightRelay, WeightTransferError
+
+logger = logging.getLogger(__name__)
+
+
+def pick_relay_port(host: str) -> int:
+    """A free TCP port on `host` (the relay rebinds it for each version)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ReplicaRelay:
+    """The replica's relay on `bind` (a ZeroMQ endpoint), reached by peers at `address`; one version at a time."""
+
+    def __init__(self, bind: str, address: str, *, timeout_s: float, retry_s: float = 0.05) -> None:
+        self.bind = bind
+        self.address = address
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._relay: WeightRelay | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def version(self) -> int:
+        """The version the relay holds complete and verified (0 = none)."""
+        relay = self._relay
+        if relay is None or not relay.done or relay.error is not None:
+            return 0
+        return int(relay.version)
+
+    async def load(
+        self, engine: InferenceEngine, version: int, upstream: str, *, auth_token: str | None, timeout_s: float
+    ) -> LoadResult:
+        """Relay `version` from `upstream` and load it into `engine` from the relay (WeightLoadError on failure:
+        the engine keeps its version, and this replica's relay then holds no version)."""
+        async with self._lock:
+            if version <= engine.loaded_version:
+                raise WeightLoadError(
+                    f"version {version} is not newer than the loaded version {engine.loaded_version}"
+                )
+            start = time.monotonic()
+            await self._close()
+            try:
+                relay = await self._open(upstream, version, auth_token, start + min(timeout_s, self.timeout_s))
+            except WeightTransferError as exc:
+                raise WeightLoadError(f"relaying version {version} from {upstream}: {exc}") from exc
+            self._relay = relay
+            left = max(timeout_s - (time.monotonic() - start), 1.0)
+            try:
+                return await engine.load_weights(version, relay.address, auth_token=auth_token, timeout_s=left)
+            except BaseException:
+                await self._close()
+                raise
+
+    async def _open(self, upstream: str, version: int, auth_token: str | None, deadline: float) -> WeightRelay:
+        while True:
+            try:
+                return await asyncio.to_thread(
+                    WeightRelay, upstream, version, auth_token=auth_token, bind=self.bind, timeout_s=self.timeout_s
+                )
+            except WeightTransferError as exc:
+                # A peer that has not started this version yet still serves the previous one: ask again.
+                if exc.reason != "unknown_version" or time.monotonic() + self.retry_s >= deadline:
+                    raise
+            await asyncio.sleep(self.retry_s)
+
+    async def _close(self) -> None:
+        relay, self._relay = self._relay, None
+        if relay is not None:
+            try:
+                await asyncio.to_thread(relay.close)
+            except WeightTransferError as exc:
+                logger.warning("closing the weight relay of version %d: %s", relay.version, exc)
+
+    async def close(self) -> None:
+        """Stop serving (at shutdown)."""
+        with contextlib.suppress(Exception):
+            await self._close()
