@@ -30,9 +30,7 @@ class PushSource:
         return self.source != trainer_source
 
 
-def push_sources(
-    replicas: Sequence[tuple[str, str]], weight_fanout: str, trainer_source: str
-) -> dict[str, PushSource]:
+def push_sources(replicas: Sequence[tuple[str, str]], weight_fanout: str, trainer_source: str) -> dict[str, PushSource]:
     """Each replica's source, for `replicas` given as (member id, relay address or "") in a stable order."""
     if weight_fanout not in WEIGHT_FANOUTS:
         raise ValueError(f"weight_fanout must be one of {WEIGHT_FANOUTS}, got {weight_fanout!r}")

@@ -5,9 +5,11 @@ weight stream or a peer's relay), it closes the previous version's relay, starts
 and has its engine load v from the relay's own address on loopback, so the engine needs no change; the relay keeps
 serving v to peers (one that joins the run later, or is pushed v later) until the next relayed load.
 
-An upstream peer that has not started v yet (its relay still holds an older version) is asked again, every
-`retry_s`, for up to `timeout_s`; a relay whose upstream stops making progress for `timeout_s` fails the load
-(the controller then loads that replica from the trainer directly).
+The upstream is first asked for v's manifest alone, with a short timeout (`probe_timeout_s`), again every
+`retry_s` for up to `timeout_s`: a peer that has not started v yet still serves the previous version, and a
+request that reaches it while it closes that relay to rebind the port may go unanswered. Once the upstream served
+v's manifest, it serves v until its next version, so the relay fetches from it then. A relay whose upstream stops
+making progress for `timeout_s` fails the load (the controller then loads that replica from the trainer directly).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 
 from fleetrl.clients.inference_types import LoadResult
 from fleetrl.services.inference.engine import InferenceEngine, WeightLoadError
-from fleetrl.weights import WeightRelay, WeightTransferError
+from fleetrl.weights import WeightRelay, WeightStream, WeightTransferError
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +39,14 @@ def pick_relay_port(host: str) -> int:
 class ReplicaRelay:
     """The replica's relay on `bind` (a ZeroMQ endpoint), reached by peers at `address`; one version at a time."""
 
-    def __init__(self, bind: str, address: str, *, timeout_s: float, retry_s: float = 0.05) -> None:
+    def __init__(
+        self, bind: str, address: str, *, timeout_s: float, retry_s: float = 0.05, probe_timeout_s: float = 2.0
+    ) -> None:
         self.bind = bind
         self.address = address
         self.timeout_s = timeout_s
         self.retry_s = retry_s
+        self.probe_timeout_s = probe_timeout_s
         self._relay: WeightRelay | None = None
         self._lock = asyncio.Lock()
 
@@ -60,9 +65,7 @@ class ReplicaRelay:
         the engine keeps its version, and this replica's relay then holds no version)."""
         async with self._lock:
             if version <= engine.loaded_version:
-                raise WeightLoadError(
-                    f"version {version} is not newer than the loaded version {engine.loaded_version}"
-                )
+                raise WeightLoadError(f"version {version} is not newer than the loaded version {engine.loaded_version}")
             start = time.monotonic()
             await self._close()
             try:
@@ -78,16 +81,25 @@ class ReplicaRelay:
                 raise
 
     async def _open(self, upstream: str, version: int, auth_token: str | None, deadline: float) -> WeightRelay:
+        # Probe first, with a short timeout: a peer that has not started this version yet still serves the
+        # previous one, and is closing it to rebind its port for this one; a request that reaches it then may
+        # go unanswered. Once the upstream served this version's manifest it keeps serving it: relay from it.
         while True:
             try:
-                return await asyncio.to_thread(
-                    WeightRelay, upstream, version, auth_token=auth_token, bind=self.bind, timeout_s=self.timeout_s
-                )
+                await asyncio.to_thread(self._probe, upstream, version, auth_token, deadline)
+                break
             except WeightTransferError as exc:
-                # A peer that has not started this version yet still serves the previous one: ask again.
-                if exc.reason != "unknown_version" or time.monotonic() + self.retry_s >= deadline:
+                if exc.reason not in ("unknown_version", "timeout") or time.monotonic() + self.retry_s >= deadline:
                     raise
             await asyncio.sleep(self.retry_s)
+        return await asyncio.to_thread(
+            WeightRelay, upstream, version, auth_token=auth_token, bind=self.bind, timeout_s=self.timeout_s
+        )
+
+    def _probe(self, upstream: str, version: int, auth_token: str | None, deadline: float) -> None:
+        """Fetch `version`'s manifest from `upstream` and nothing else (WeightTransferError if it has none)."""
+        timeout_s = max(min(self.probe_timeout_s, deadline - time.monotonic()), 0.01)
+        WeightStream(upstream, version, timeout_s=timeout_s, auth_token=auth_token).close()
 
     async def _close(self) -> None:
         relay, self._relay = self._relay, None

@@ -6,14 +6,18 @@ resolved from the rendered Secret, the downward API's pod IP and name), volume m
     services, init = chart_services(manifests, workdir, entrypoint)
 
 Volumes become folders: a ConfigMap or Secret volume is written out from the rendered object, a PVC is a
-folder per claim, an emptyDir a folder per pod, a hostPath the path itself. Kubernetes DNS names a pod is
-reached by (a Service selecting it, `<pod>.<service>` under a StatefulSet's headless Service) become the pod's
-loopback address. Init containers run to completion before their pod's main container starts.
+folder per claim (shared by every pod mounting it, as a ReadWriteMany claim), an emptyDir a folder per pod, a
+hostPath the path itself. Kubernetes DNS names a pod is reached by (a Service selecting it alone, `<pod>.<service>`
+and `<pod>.<service>.<namespace>.svc` under a StatefulSet's headless Service) become the pod's loopback address; a
+StatefulSet's pods carry the `statefulset.kubernetes.io/pod-name` label its controller adds. `$(VAR)` in command
+and args is expanded from the container's env, as the kubelet does. Init containers run to completion before
+their pod's main container starts.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +27,11 @@ from tests.deploy.localstack import REPO, LocalService, Probe
 
 CHART = REPO / "k8s" / "fleetrl"
 WORKLOADS = ("Job", "Deployment", "StatefulSet")
+NAMESPACE = "rl"
+POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 
 
-def render_chart(values: dict[str, Any] | None = None, name: str = "fleetrl", namespace: str = "rl") -> list[dict]:
+def render_chart(values: dict[str, Any] | None = None, name: str = "fleetrl", namespace: str = NAMESPACE) -> list[dict]:
     """Every manifest the chart renders (NOTES.txt left out), through Helm's Go template engine."""
     import helm_python as helm
 
@@ -138,15 +144,37 @@ def _probe(container: dict) -> Probe | None:
     raise ValueError(f"container {container['name']}: unsupported probe {sorted(probe)}")
 
 
-def _pods(workload: dict) -> list[tuple[str, list[str]]]:
-    """(pod name, extra DNS names) of each replica: StatefulSet pods get `<pod>.<serviceName>`."""
+def _pods(workload: dict, namespace: str = NAMESPACE) -> list[tuple[str, list[str]]]:
+    """(pod name, extra DNS names) of each replica: StatefulSet pods get `<pod>.<serviceName>` and its
+    `.<namespace>.svc` form."""
     name, kind, spec = workload["metadata"]["name"], workload["kind"], workload["spec"]
     if kind == "Job":
         return [(f"{name}-job", [])]
     replicas = int(spec.get("replicas", 1))
     if kind == "StatefulSet":
-        return [(f"{name}-{i}", [f"{name}-{i}.{spec['serviceName']}"]) for i in range(replicas)]
+        return [
+            (pod, [f"{pod}.{spec['serviceName']}", f"{pod}.{spec['serviceName']}.{namespace}.svc"])
+            for pod in (f"{name}-{i}" for i in range(replicas))
+        ]
     return [(f"{name}-{i}", []) for i in range(replicas)]
+
+
+def _pod_labels(workload: dict, pod: str) -> dict[str, str]:
+    """The pod's labels: the template's, plus the pod-name label a StatefulSet's controller adds."""
+    labels = dict(workload["spec"]["template"]["metadata"].get("labels", {}))
+    if workload["kind"] == "StatefulSet":
+        labels[POD_NAME_LABEL] = pod
+    return labels
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion in command and args: a defined variable is replaced, `$$` is a `$`, an
+    undefined reference stays as written."""
+    return re.sub(
+        r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+        lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+        text,
+    )
 
 
 def _container_service(
@@ -157,31 +185,35 @@ def _container_service(
     for mount in container.get("volumeMounts", []):
         folder = _volume_folder(volumes[mount["name"]], pod, manifests, workdir)
         mounts[mount["mountPath"]] = str(Path(folder) / mount["subPath"]) if mount.get("subPath") else folder
-    argv = list(container.get("command") or entrypoint) + list(container.get("args", []))
-    return LocalService(
-        name=pod, argv=argv, env=_env(container, manifests, pod), mounts=mounts, probe=_probe(container)
-    )
+    env = _env(container, manifests, pod)
+    command = [_expand(str(a), env) for a in container.get("command") or []]
+    argv = (command or list(entrypoint)) + [_expand(str(a), env) for a in container.get("args", [])]
+    return LocalService(name=pod, argv=argv, env=env, mounts=mounts, probe=_probe(container))
 
 
 def chart_services(
-    manifests: list[dict], workdir: Path, entrypoint: list[str]
+    manifests: list[dict], workdir: Path, entrypoint: list[str], namespace: str = NAMESPACE
 ) -> tuple[list[LocalService], dict[str, list[LocalService]]]:
-    """One LocalService per pod (its single main container) and, per pod, its init containers in order."""
+    """One LocalService per pod (its single main container) and, per pod, its init containers in order. A
+    Service's name reaches a pod when the Service selects that pod alone (no load balancing here)."""
     services = list(by_kind(manifests, "Service").values())
+    workloads = [m for m in manifests if m["kind"] in WORKLOADS]
+    all_pods = [(w, pod, dns) for w in workloads for pod, dns in _pods(w, namespace)]
+    selected: dict[str, list[str]] = {}  # Service name -> the pods it selects
+    for s in services:
+        selected[s["metadata"]["name"]] = [pod for w, pod, _ in all_pods if _selects(s, _pod_labels(w, pod))]
     pods: list[LocalService] = []
     inits: dict[str, list[LocalService]] = {}
-    for workload in (m for m in manifests if m["kind"] in WORKLOADS):
-        template = workload["spec"]["template"]
-        labels = template["metadata"].get("labels", {})
-        pod_spec = template["spec"]
+    for workload in workloads:
+        pod_spec = workload["spec"]["template"]["spec"]
         (main, *sidecars) = pod_spec["containers"]
         if sidecars:
             raise ValueError(f"{workload['metadata']['name']}: one container per pod expected")
-        names = [s["metadata"]["name"] for s in services if _selects(s, labels)]
-        for pod, dns in _pods(workload):
+        for pod, dns in _pods(workload, namespace):
+            names = [name for name, chosen in selected.items() if chosen == [pod]]
             service = _container_service(main, pod_spec, pod, manifests, workdir, entrypoint)
             service.role = workload["metadata"]["name"]
-            service.hostnames = dns + (names if len(_pods(workload)) == 1 else [])
+            service.hostnames = dns + names
             pods.append(service)
             inits[pod] = [
                 _container_service(c, pod_spec, pod, manifests, workdir, entrypoint)

@@ -12,8 +12,8 @@ a peer bound to loopback only, fails here as it would between containers. Mounts
 container path in a command line or the environment is rewritten to the folder standing for that volume.
 
 Hostnames are rewritten where they are addresses: `name:port` anywhere in an argument, and a whole argument that
-follows a flag ending in `host` (`--host 0.0.0.0`, `--advertise-host trainer`). The image's entrypoint (`tini --
-fleetrl`) runs as `python -m fleetrl` with this interpreter.
+follows a flag ending in `host` or `addr` (`--host 0.0.0.0`, `--advertise-host trainer`, torchrun's
+`--local-addr`). The image's entrypoint (`tini -- fleetrl`) runs as `python -m fleetrl` with this interpreter.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class Rewriter:
 
     def arg(self, text: str, previous: str = "") -> str:
         text = self.path(text)
-        if previous.startswith("--") and previous.endswith("host") and text in self.addresses:
+        if previous.startswith("--") and previous.endswith(("host", "addr")) and text in self.addresses:
             return self.addresses[text]
         return self._host_port.sub(lambda m: self.addresses[m.group(1)], text)
 

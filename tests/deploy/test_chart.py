@@ -16,7 +16,7 @@ import pytest
 
 from tests.deploy.from_chart import CHART, WORKLOADS, by_kind, chart_services, render_chart, values_file
 from tests.deploy.from_compose import dockerfile_entrypoint
-from tests.deploy.localstack import REPO, LocalStack
+from tests.deploy.localstack import REPO, LocalService, LocalStack
 from tests.deploy.pod_security import restricted_violations
 
 pytest.importorskip("helm_python", reason="helm-python-sdk is not installed (pip; see docs/deploy.md, 'Checks')")
@@ -185,7 +185,7 @@ def test_notes_tell_how_to_watch_the_run():
 def test_helm_lint_passes():
     import helm_python as helm
 
-    for values in ({}, values_file(SCALED)):
+    for values in ({}, values_file(SCALED), multi_node_values(values_file(SCALED), sharding="hsdp")):
         report = helm.lint(str(CHART), values, strict=True, kube_version="v1.30.0")
         errors = [m for m in report["messages"] if m["severity"] >= 2]
         assert not errors and not report["errors"], json.dumps(report, indent=1)
@@ -223,14 +223,20 @@ def smoke_values(model_dir: str, rows_url: str, rows_sha256: str) -> dict:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str):
+@pytest.mark.parametrize("trainer_nodes", [1, 2])
+def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str, free_port: int, trainer_nodes: int):
     """Every pod the chart renders, its container's command as written (image entrypoint + args), started at
     once as Kubernetes would; the controller's init container downloads the rows (a file:// URL standing for
-    the web) and checks their sha256, the gateway's holds it until the stack serves."""
+    the web) and checks their sha256, the gateway's holds it until the stack serves. With 2 trainer nodes: two
+    torchrun agents (pods) meet at pod 0, the controller trains through the Service selecting pod 0 (rank 0), and
+    both ranks checkpoint to the shared claim."""
     rows = tmp_path / "served" / "train.jsonl"
     rows.parent.mkdir()
     sha256 = write_rows(rows)
-    manifests = render_chart(smoke_values(tiny_model_dir, rows.as_uri(), sha256), name="smoke")
+    values = smoke_values(tiny_model_dir, rows.as_uri(), sha256)
+    if trainer_nodes > 1:
+        values["trainer"] = {"nodes": trainer_nodes, "rendezvousPort": free_port}
+    manifests = render_chart(values, name="smoke")
     entrypoint = dockerfile_entrypoint(REPO / "docker" / "Dockerfile.cpu")
     pods, inits = chart_services(manifests, tmp_path, entrypoint)
     assert {p.role for p in pods} == {
@@ -252,6 +258,11 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str):
         "healthy: SERVING" in (tmp_path / f"{next(p.name for p in pods if 'gateway' in p.role)}.init-0.log").read_text()
     )
     assert f"sha256 {sha256}" in (tmp_path / f"{controller}.init-0.log").read_text()
+    if trainer_nodes > 1:
+        logs = [(tmp_path / f"smoke-fleetrl-trainer-{i}.log").read_text() for i in range(trainer_nodes)]
+        assert "rank 0/2: process group up" in logs[0] and "rank 1/2: process group up" in logs[1], logs[0][-2000:]
+        shards = {p.name for p in (tmp_path / "pvc" / "smoke-fleetrl-trainer").glob("step-*/*.distcp")}
+        assert shards == {"__0_0.distcp", "__1_0.distcp"}  # each rank's DCP shard, on the one shared claim
 
 
 def test_a_lora_run_starts_inference_serving_adapters_of_its_rank():
@@ -720,3 +731,186 @@ def test_a_url_source_opens_egress_to_its_port_only_for_the_controller():
         assert args[args.index("--rows") + 1] == "/var/lib/fleetrl/data/" + url.rsplit("/", 1)[1]
     manifests = render_chart({"run": {"data": {"source": "url", "url": "file:///opt/rows.jsonl"}}}, name="eg")
     assert "eg-fleetrl-fetch-rows" not in by_kind(manifests, "NetworkPolicy")
+
+
+# --- A multi-node trainer, tensor-parallel inference replicas ------------------------------------------------
+
+
+def multi_node_values(base: dict | None = None, **trainer: object) -> dict:
+    base = copy.deepcopy(base or {})
+    base["trainer"] = {**base.get("trainer", {}), "nodes": 2, **trainer}
+    return base
+
+
+def trainer_objects(manifests: list[dict], name: str) -> tuple[dict, dict, dict, dict]:
+    """(the StatefulSet, its headless Service, the rank-0 Service, the checkpoint claim) of a multi-node trainer."""
+    trainer = f"{name}-fleetrl-trainer"
+    assert trainer not in by_kind(manifests, "Deployment")
+    services = by_kind(manifests, "Service")
+    return (
+        by_kind(manifests, "StatefulSet")[trainer],
+        services[f"{trainer}-nodes"],
+        services[trainer],
+        by_kind(manifests, "PersistentVolumeClaim")[trainer],
+    )
+
+
+def torchrun_flags(container: dict) -> dict[str, str]:
+    """The torchrun flags of the container's command, as torch's own parser reads them."""
+    from torch.distributed.run import get_args_parser
+
+    command = container["command"]
+    assert command[:3] == ["tini", "--", "torchrun"], command
+    args = get_args_parser().parse_args(command[3:])
+    assert (args.module, args.training_script) == (True, "fleetrl.services.trainer.launcher")
+    return vars(args)
+
+
+@pytest.mark.parametrize("case", ["cpu", "scaled"])
+def test_a_multi_node_trainer_is_a_stateful_set_meeting_at_pod_0(case: str):
+    """nodes = 2: a StatefulSet of two pods (all at once), each a torchrun agent meeting at pod 0's stable name
+    through the headless Service; the controller's and gateways' trainer Service selects pod 0 (rank 0) alone;
+    the checkpoint claim is shared (ReadWriteMany); every manifest is valid and every pod `restricted`."""
+    values = multi_node_values() if case == "cpu" else multi_node_values(values_file(SCALED), sharding="hsdp")
+    manifests = render_chart(values, name="mn")
+    validate_all(manifests)
+    problems = {name: restricted_violations(pod) for name, pod in pod_specs(manifests).items()}
+    assert not {k: v for k, v in problems.items() if v}, problems
+    sts, headless, rank0, claim = trainer_objects(manifests, "mn")
+    assert sts["spec"]["replicas"] == 2 and sts["spec"]["podManagementPolicy"] == "Parallel"
+    assert sts["spec"]["serviceName"] == "mn-fleetrl-trainer-nodes"
+    pod_labels = sts["spec"]["template"]["metadata"]["labels"]
+    assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
+    assert headless["spec"]["selector"] == sts["spec"]["selector"]["matchLabels"]
+    assert [p["name"] for p in headless["spec"]["ports"]] == ["rendezvous"]  # no metrics: not scraped twice
+    assert rank0["spec"]["selector"] == {
+        **sts["spec"]["selector"]["matchLabels"],
+        "statefulset.kubernetes.io/pod-name": "mn-fleetrl-trainer-0",
+    }
+    assert all(pod_labels.get(k) == v for k, v in sts["spec"]["selector"]["matchLabels"].items())
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    (container,) = sts["spec"]["template"]["spec"]["containers"]
+    flags = torchrun_flags(container)
+    procs, gpus = (1, 0) if case == "cpu" else (8, 8)
+    assert flags["nnodes"] == "2" and flags["nproc_per_node"] == str(procs)
+    assert flags["rdzv_backend"] == "c10d" and flags["rdzv_id"] == "mn-fleetrl-trainer"
+    assert flags["rdzv_endpoint"] == "mn-fleetrl-trainer-0.mn-fleetrl-trainer-nodes.rl.svc:29400"
+    assert flags["local_addr"] == "$(POD_NAME).mn-fleetrl-trainer-nodes.rl.svc"  # pod 0's sorts first: rank 0
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert container["resources"].get("limits", {}).get("nvidia.com/gpu", 0) == gpus
+    args = [str(a) for a in container["args"]]
+    assert args[args.index("--device") + 1] == ("cpu" if case == "cpu" else "cuda")
+    assert args[args.index("--advertise-host") + 1] == "mn-fleetrl-trainer"  # the rank-0 Service
+    from fleetrl.services.trainer.launcher import build_parser
+
+    assert build_parser().parse_args(args).sharding == ("fsdp" if case == "cpu" else "hsdp")  # the launcher's flags
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["rendezvous"] == 29400
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):  # rank 0's health, from every pod
+        command = container[probe]["exec"]["command"]
+        assert command[-1] == "mn-fleetrl-trainer-0.mn-fleetrl-trainer-nodes.rl.svc:50071", probe
+    controller = pod_specs(manifests)["mn-fleetrl-controller"]["containers"][0]["args"]
+    assert controller[controller.index("--trainer") + 1] == "mn-fleetrl-trainer:50071"
+
+
+def test_a_multi_node_trainer_runs_as_local_pods_with_pod_0_behind_the_trainer_service(tmp_path: Path):
+    """As the pods would run it (from_chart): the rank-0 Service's name is pod 0's alone, the rendezvous and
+    probes name pod 0 through the headless Service, and each agent's --local-addr is its own pod's name."""
+    manifests = render_chart(multi_node_values(procsPerNode=2, sharding="hsdp"), name="mn")
+    pods, _ = chart_services(manifests, tmp_path, ["fleetrl"])
+    nodes = sorted((p for p in pods if p.role == "mn-fleetrl-trainer"), key=lambda p: p.name)
+    assert [p.name for p in nodes] == ["mn-fleetrl-trainer-0", "mn-fleetrl-trainer-1"]
+    stack = LocalStack(pods, tmp_path, first_address=80)
+    assert stack.addresses["mn-fleetrl-trainer"] == nodes[0].address
+    assert stack.addresses["mn-fleetrl-trainer-1.mn-fleetrl-trainer-nodes.rl.svc"] == nodes[1].address
+    for node in nodes:
+        argv = stack.command(node)
+        assert argv[argv.index("--rdzv-endpoint") + 1] == f"{nodes[0].address}:29400"
+        assert argv[argv.index("--local-addr") + 1] == node.address
+        assert node.probe is not None and node.probe.kind == "exec"
+        probe = stack.command(LocalService(node.name, node.probe.argv, address=node.address))
+        assert probe[-1] == f"{nodes[0].address}:50071"
+
+
+def test_one_trainer_node_keeps_the_deployment():
+    """nodes = 1 (the default): the Deployment, its one Service, a ReadWriteOnce claim, no torchrun rendezvous;
+    procsPerNode > 1 on CPU runs torchrun --standalone, gpusPerNode overrides gpus."""
+    manifests = render_chart({}, name="one")
+    assert "one-fleetrl-trainer-nodes" not in by_kind(manifests, "Service")
+    assert by_kind(manifests, "PersistentVolumeClaim")["one-fleetrl-trainer"]["spec"]["accessModes"] == [
+        "ReadWriteOnce"
+    ]
+    pod = pod_specs(manifests)["one-fleetrl-trainer"]
+    assert by_kind(manifests, "Deployment")["one-fleetrl-trainer"]["spec"]["strategy"] == {"type": "Recreate"}
+    assert "command" not in pod["containers"][0] and "--sharding" not in pod["containers"][0]["args"]
+    manifests = render_chart({"trainer": {"procsPerNode": 2, "gpusPerNode": 2, "gpus": 0}}, name="one")
+    validate_all(manifests)
+    (container,) = pod_specs(manifests)["one-fleetrl-trainer"]["containers"]
+    assert container["command"][:6] == ["tini", "--", "torchrun", "--standalone", "--nproc-per-node", "2"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 2
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"trainer": {"sharding": "hsdp"}}, "trainer.sharding hsdp needs trainer.nodes > 1"),
+        ({"trainer": {"nodes": 2, "sharding": "hsdp"}}, "and trainer.procsPerNode > 1 (has 2 x 1)"),
+        ({"trainer": {"gpusPerNode": 2, "procsPerNode": 4}}, "trainer.procsPerNode (4) is above"),
+        ({"trainer": {"nodes": 0}}, "at '/trainer/nodes'"),
+        ({"trainer": {"sharding": "ddp"}}, "at '/trainer/sharding'"),
+        ({"inference": {"engine": "hf", "tensorParallelSize": 2}}, "at '/inference/tensorParallelSize': value must"),
+        ({"inference": {"tensorParallelSize": 2}}, "tensorParallelSize 2 needs inference.gpus > 0"),
+    ],
+)
+def test_an_impossible_layout_fails_rendering(values: dict, named: str):
+    assert named in render_error(values)
+
+
+def test_tensor_parallel_replicas_ask_for_their_gpus():
+    """inference.tensorParallelSize: --tensor-parallel-size on every replica, which the launcher reads, and
+    gpus x tensorParallelSize GPUs each; 1 (the default) passes no flag."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    values = values_file(SCALED)
+    values["inference"] = {**values["inference"], "tensorParallelSize": 4}
+    manifests = render_chart(values, name="tp")
+    validate_all(manifests)
+    (container,) = pod_specs(manifests)["tp-fleetrl-inference"]["containers"]
+    args = [str(a) for a in container["args"]]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert config_from_args(build_parser().parse_args(args[2:])).tensor_parallel_size == 4
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 4
+    (container,) = pod_specs(render_chart(values_file(SCALED), name="tp"))["tp-fleetrl-inference"]["containers"]
+    assert "--tensor-parallel-size" not in container["args"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_two_trainer_pods_meet_and_rank_0_serves_from_pod_0(tmp_path: Path, tiny_model_dir: str, free_port: int):
+    """The two trainer pods' commands as written (torchrun agents, c10d at pod 0 through the headless name), each
+    pod on its own loopback address: both become ready by their probe (rank 0's health through the headless
+    name), and rank 0 serves gRPC on pod 0's address, the one the rank-0 Service names; pod 1 serves nothing."""
+    from fleetrl.commands.health import ProbeError, check_grpc
+
+    config = {"max_seq_len": 64, "max_completion_tokens": 8, "kl_beta": 0.0, "seed": 0}
+    values = {
+        "model": {"volume": {"hostPath": {"path": tiny_model_dir, "type": "Directory"}}},
+        "run": {"config": config},
+        "trainer": {"nodes": 2, "rendezvousPort": free_port},
+    }
+    manifests = render_chart(values, name="mn")
+    pods, _ = chart_services(manifests, tmp_path, dockerfile_entrypoint(REPO / "docker" / "Dockerfile.cpu"))
+    nodes = sorted((p for p in pods if p.role == "mn-fleetrl-trainer"), key=lambda p: p.name)
+    with LocalStack(nodes, tmp_path, first_address=60) as stack:
+        assert stack.addresses["mn-fleetrl-trainer-0.mn-fleetrl-trainer-nodes.rl.svc"] == nodes[0].address
+        stack.start()  # no init containers, no order: both agents at once
+        for node in nodes:
+            stack.wait_healthy(node.name, timeout_s=240)
+        assert check_grpc(f"{nodes[0].address}:50071") == "SERVING"
+        with pytest.raises(ProbeError):
+            check_grpc(f"{nodes[1].address}:50071", timeout_s=2)
+    first, second = ((tmp_path / f"{node.name}.log").read_text() for node in nodes)
+    assert "rank 0/2: process group up" in first and "'world_size': 2" in first, first[-2000:]
+    assert "rank 1/2: process group up" in second and "trainer serving" not in second, second[-2000:]

@@ -131,6 +131,31 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "fleetrl.trainerHost" -}}
 {{- include "fleetrl.component" (dict "ctx" . "component" "trainer") -}}
 {{- end -}}
+
+{{/* The trainer's layout: nodes (pods), GPUs per pod (gpusPerNode, else the older `gpus`) and ranks per pod
+     (procsPerNode, else one per GPU, else 1). */}}
+{{- define "fleetrl.trainerNodes" -}}
+{{- int (default 1 .Values.trainer.nodes) -}}
+{{- end -}}
+{{- define "fleetrl.trainerGpus" -}}
+{{- $t := .Values.trainer -}}
+{{- if kindIs "invalid" $t.gpusPerNode }}{{ int $t.gpus }}{{ else }}{{ int $t.gpusPerNode }}{{ end -}}
+{{- end -}}
+{{- define "fleetrl.trainerProcs" -}}
+{{- $t := .Values.trainer -}}
+{{- if kindIs "invalid" $t.procsPerNode }}{{ max 1 (int (include "fleetrl.trainerGpus" .)) }}{{ else }}{{ int $t.procsPerNode }}{{ end -}}
+{{- end -}}
+{{/* The headless Service of a multi-node trainer's pods, and the rendezvous endpoint: pod 0's stable DNS name
+     through it, <trainer>-0.<trainer>-nodes.<namespace>.svc:<rendezvousPort>. */}}
+{{- define "fleetrl.trainerHeadless" -}}
+{{- printf "%s-nodes" (include "fleetrl.trainerHost" .) -}}
+{{- end -}}
+{{- define "fleetrl.trainerPodDomain" -}}
+{{- printf "%s.%s.svc" (include "fleetrl.trainerHeadless" .) .Release.Namespace -}}
+{{- end -}}
+{{- define "fleetrl.trainerRendezvous" -}}
+{{- printf "%s-0.%s:%d" (include "fleetrl.trainerHost" .) (include "fleetrl.trainerPodDomain" .) (int .Values.trainer.rendezvousPort) -}}
+{{- end -}}
 {{- define "fleetrl.referenceAddress" -}}
 {{- printf "%s:%d" (include "fleetrl.component" (dict "ctx" . "component" "reference")) (int .Values.reference.grpcPort) -}}
 {{- end -}}

@@ -109,8 +109,7 @@ async def test_the_trainer_sends_one_copy_per_version_and_a_joining_replica_fetc
                 assert reply.relay_version == version  # each holds the version for its peers
             assert len(orch.members.routable_replicas(1.0)) == 3
             counts = publisher.snapshot_counts()
-            assert counts["manifests_served"] == version, counts  # one copy left the trainer per version
-            assert counts["bytes_served"] == version * model_bytes, counts
+            assert counts["bytes_served"] == version * model_bytes, counts  # one copy left the trainer per version
         loads = [r.getMessage() for r in caplog.records if "loaded version 3 from" in r.getMessage()]
         assert sum(publisher.address in line for line in loads) == 1 and len(loads) == 3, loads
 
@@ -123,7 +122,7 @@ async def test_the_trainer_sends_one_copy_per_version_and_a_joining_replica_fetc
         reply = await status(joined)
         assert (reply.loaded_version, reply.loaded_checksum) == (3, checksum)
         assert not orch.members.members["inference-joined"].fenced
-        assert publisher.snapshot_counts()["manifests_served"] == 3
+        assert publisher.snapshot_counts()["bytes_served"] == 3 * model_bytes
         (line,) = [r.getMessage() for r in caplog.records if "inference-joined loaded version 3" in r.getMessage()]
         assert any(address in line for address in relays), line
 
@@ -131,12 +130,13 @@ async def test_the_trainer_sends_one_copy_per_version_and_a_joining_replica_fetc
 async def test_a_dead_middle_replica_does_not_wedge_the_push(tmp_path, tiny_model_dir, replicas, caplog):
     caplog.set_level(logging.INFO, logger="fleetrl.services.controller.orchestrator")
     state = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    model_bytes = sum(t.numel() * t.element_size() for t in state.values())
     first, middle, last = await replicas(3)
     orch = orchestrator(tmp_path, "chain", [first, middle, last])
     with WeightPublisher(auth_token=TOKEN) as publisher:
         await orch.poll_members()
         await push(orch, publisher, 1, state)
-        assert publisher.snapshot_counts()["manifests_served"] == 1
+        assert publisher.snapshot_counts()["bytes_served"] == model_bytes
         await middle.stop()  # its gRPC and its relay are gone; the controller has not noticed yet
         checksum = await push(orch, publisher, 2, state)
         for service in (first, last):
@@ -144,7 +144,7 @@ async def test_a_dead_middle_replica_does_not_wedge_the_push(tmp_path, tiny_mode
         assert [m.member_id for m in orch.members.routable_replicas(1.0)] == ["inference-0", "inference-2"]
         assert orch.members.members["inference-1"].fenced
         # The last replica's relayed load from the dead middle failed; it loaded from the trainer instead.
-        assert publisher.snapshot_counts()["manifests_served"] == 3
+        assert publisher.snapshot_counts()["bytes_served"] == 3 * model_bytes
         messages = [r.getMessage() for r in caplog.records]
         assert any("inference-2 could not load version 2 relayed from" in m for m in messages)
         assert any(f"inference-2 loaded version 2 from {publisher.address}" in m for m in messages)
