@@ -24,6 +24,7 @@ import json
 import logging
 from array import array
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 from typing import Any, overload
 
@@ -162,19 +163,7 @@ def check_jsonl_lines(path: Path) -> None:
     """Raise ValueError naming the first line of `path` that is not a JSON object (streams; keeps nothing)."""
     if path.suffix.lower() == ".json" and path.read_bytes()[:1].strip() in (b"[", b"{") and _is_one_document(path):
         return  # one JSON document (a list of rows, or datasets' {"data": [...]} form): datasets reads it
-    found = False
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{path}:{lineno}: each row must be a JSON object")
-            found = True
-    if not found:
+    if sum(1 for _ in _jsonl_rows(path)) == 0:
         raise ValueError(f"{path}: the dataset has no rows")
 
 
@@ -186,10 +175,8 @@ def _is_one_document(path: Path) -> bool:
     return True
 
 
-def load_jsonl_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
-    """Read a JSONL dataset into memory (small files, and rows Arrow cannot give one schema); a bad line fails with
-    its line number."""
-    rows: list[dict[str, Any]] = []
+def _jsonl_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a JSONL file one at a time; a bad line fails with its line number."""
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
@@ -200,9 +187,13 @@ def load_jsonl_rows(path: str | Path, max_rows: int | None = None) -> list[dict[
                 raise ValueError(f"{path}:{lineno}: not valid JSON: {exc.msg}") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}:{lineno}: each row must be a JSON object")
-            rows.append(row)
-            if max_rows is not None and len(rows) >= max_rows:
-                break
+            yield row
+
+
+def load_jsonl_rows(path: str | Path, max_rows: int | None = None) -> list[dict[str, Any]]:
+    """Read a JSONL dataset into memory (small files, and rows datasets cannot convert); a bad line fails with its
+    line number."""
+    rows = list(islice(_jsonl_rows(path), max_rows))
     if not rows:
         raise ValueError(f"{path}: the dataset has no rows")
     return rows
