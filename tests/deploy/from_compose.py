@@ -4,8 +4,11 @@ depends_on exactly as written, variables interpolated the way compose does (`${V
 
     services = compose_services(REPO / "docker-compose.yml", env, profiles={"cpu"}, workdir=tmp, scale={"gateway": 2})
 
+More files (`overrides`, as `-f docker-compose.yml -f more.yml`) merge into the first: mappings key by key, a
+service's `command` and `entrypoint` replaced; other lists of a service the first file has are refused here.
 Named volumes become folders under `workdir/volumes/` (shared by every service that mounts them, as a volume
-is); bind mounts are the host folders themselves. The image's ENTRYPOINT comes from the service's Dockerfile.
+is); bind mounts are the host folders themselves. The image's ENTRYPOINT comes from the service's Dockerfile
+unless the service sets `entrypoint`.
 Services that do not run the fleetrl image (prometheus, grafana) are left out; `prometheus_config` turns the
 Prometheus scrape config into one for these local addresses.
 """
@@ -58,10 +61,27 @@ def _interpolate_tree(node: Any, env: dict[str, str]) -> Any:
     return node
 
 
-def load_compose(path: Path, env: dict[str, str]) -> dict[str, Any]:
-    """The compose file with YAML merges resolved, extension fields dropped and variables interpolated."""
-    data = yaml.safe_load(path.read_text())
-    data = {k: v for k, v in data.items() if not k.startswith("x-")}
+REPLACED_LISTS = ("command", "entrypoint")
+
+
+def _merge(base: Any, override: Any, where: str) -> Any:
+    if isinstance(base, dict) and isinstance(override, dict):
+        merged = dict(base)
+        for key, value in override.items():
+            merged[key] = _merge(base[key], value, f"{where}.{key}") if key in base else value
+        return merged
+    if isinstance(base, list) and where.rsplit(".", 1)[-1] not in REPLACED_LISTS:
+        raise ComposeError(f"{where}: merging a list from an override file is not mapped here")
+    return override
+
+
+def load_compose(path: Path, env: dict[str, str], overrides: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The compose file (merged with `overrides`, in order) with YAML merges resolved, extension fields dropped
+    and variables interpolated."""
+    data: dict[str, Any] = {}
+    for file in (path, *overrides):
+        more = yaml.safe_load(file.read_text())
+        data = _merge(data, {k: v for k, v in more.items() if not k.startswith("x-")}, "")
     return _interpolate_tree(data, env)
 
 
@@ -123,17 +143,18 @@ def compose_services(
     profiles: set[str],
     workdir: Path,
     scale: dict[str, int] | None = None,
+    overrides: tuple[Path, ...] = (),
 ) -> list[LocalService]:
-    data = load_compose(path, env)
+    data = load_compose(path, env, overrides)
     base = path.parent
     out: list[LocalService] = []
     for name, service in data["services"].items():
         if not enabled(service, profiles) or not is_fleetrl(service):
             continue
-        entrypoint = dockerfile_entrypoint(base / service["build"]["dockerfile"])
+        entrypoint = service.get("entrypoint") or dockerfile_entrypoint(base / service["build"]["dockerfile"])
         command = service.get("command")
-        if not isinstance(command, list):
-            raise ComposeError(f"{name}: give the command in exec (list) form")
+        if not isinstance(command, list) or not isinstance(entrypoint, list):
+            raise ComposeError(f"{name}: give the command and entrypoint in exec (list) form")
         aliases = [a for net in (service.get("networks") or {}).values() for a in (net or {}).get("aliases", [])]
         count = (scale or {}).get(name, 1)
         for i in range(count):

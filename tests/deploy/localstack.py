@@ -185,6 +185,11 @@ class LocalStack:
         service = self.services[name]
         if service.process is None:
             return False
+        if condition == "service_completed_successfully":  # a one-shot: exit 0 lets its dependents start
+            code = service.process.poll()
+            if code not in (None, 0):
+                raise StackError(f"{name} exited with code {code}\n{self.log_tail(name)}")
+            return code == 0
         self.check_running(service)
         return condition != "service_healthy" or self.probe_once(service)
 

@@ -340,6 +340,9 @@ def test_a_misspelt_key_fails_rendering_naming_it(values: dict, named: str):
         ({"run": {"data": {"source": "url"}}}, "at '/run/data/url': minLength"),  # url source without a URL
         ({"run": {"data": {"source": "volume"}}}, "at '/run/data/claimName': minLength"),
         ({"run": {"data": {"source": "url", "url": "https://x/r.jsonl", "sha256": "abc"}}}, "at '/run/data/sha256'"),
+        ({"inference": {"relayPort": "5573"}}, "at '/inference/relayPort': got string, want integer"),
+        ({"inference": {"relayPort": 0}}, "at '/inference/relayPort'"),  # fixed: 0 (pick) cannot be declared
+        ({"clusterDomain": "Cluster Local"}, "at '/clusterDomain'"),
     ],
 )
 def test_a_wrong_type_or_value_fails_rendering_naming_the_key(values: dict, named: str):
@@ -914,3 +917,67 @@ def test_two_trainer_pods_meet_and_rank_0_serves_from_pod_0(tmp_path: Path, tiny
     first, second = ((tmp_path / f"{node.name}.log").read_text() for node in nodes)
     assert "rank 0/2: process group up" in first and "'world_size': 2" in first, first[-2000:]
     assert "rank 1/2: process group up" in second and "trainer serving" not in second, second[-2000:]
+
+
+# --- Relayed weight pushes: the replicas' relay ports --------------------------------------------------------
+
+
+def labels_match(selector: dict, labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def policy_admits(policy: dict, source: dict[str, str], target: dict[str, str], port: int) -> bool:
+    """Whether the NetworkPolicy spec lets a pod labelled `source` open TCP `port` on one labelled `target`
+    (ingress at the target, egress at the source; podSelector peers, numeric ports)."""
+
+    def allows(rules: list[dict], peer: dict[str, str]) -> bool:
+        return any(
+            any(labels_match(p.get("podSelector", {}), peer) for p in rule.get("from", rule.get("to", [])))
+            and (not rule.get("ports") or any(p["port"] == port for p in rule["ports"]))
+            for rule in rules
+        )
+
+    selected = labels_match(policy["podSelector"], target) and labels_match(policy["podSelector"], source)
+    return selected and allows(policy["ingress"], source) and allows(policy["egress"], target)
+
+
+@pytest.mark.parametrize("values", [{}, {"inference": {"relayPort": 6001}, "clusterDomain": "k8s.example"}])
+def test_inference_replicas_reach_each_others_weight_relay(values: dict):
+    """Every replica runs --relay-port (the launcher reads it), declares it (containerPort, the headless
+    Service), the NetworkPolicy lets replicas open it on each other, and the name a relay advertises (the pod's
+    hostname, its pod name) resolves for peers: the pods search the headless Service's domain, under which the
+    StatefulSet's pods are named."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    port = values.get("inference", {}).get("relayPort", 5573)
+    domain = values.get("clusterDomain", "cluster.local")
+    manifests = render_chart({**values, "inference": {"replicas": 3, **values.get("inference", {})}}, name="relay")
+    validate_all(manifests)
+    statefulset = by_kind(manifests, "StatefulSet")["relay-fleetrl-inference"]
+    pod = statefulset["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    args = [str(a) for a in container["args"]]
+    assert config_from_args(build_parser().parse_args(args[2:])).relay_port == port
+    assert {"name": "relay", "containerPort": port} in container["ports"]
+    service = by_kind(manifests, "Service")["relay-fleetrl-inference"]["spec"]
+    assert service["clusterIP"] == "None" and {"name": "relay", "port": port, "targetPort": "relay"} in service["ports"]
+    assert statefulset["spec"]["serviceName"] == "relay-fleetrl-inference"  # pods: <pod>.relay-fleetrl-inference
+    assert pod["spec"]["dnsConfig"] == {"searches": [f"relay-fleetrl-inference.rl.svc.{domain}"]}
+    labels = pod["metadata"]["labels"]
+    assert labels_match({"matchLabels": service["selector"]}, labels)
+    policy = by_kind(manifests, "NetworkPolicy")["relay-fleetrl"]["spec"]
+    assert policy_admits(policy, labels, labels, port)
+    assert not policy_admits(policy, {"app": "elsewhere"}, labels, port)  # the check can say no
+
+
+def test_a_weight_fanout_reaches_the_controller_through_run_config():
+    """weight_fanout is a run key: run.config carries it into run.toml, which the controller's --config reads."""
+    import tomllib
+
+    from fleetrl import Config
+
+    manifests = render_chart({"run": {"config": {"weight_fanout": "chain"}}}, name="fan")
+    run_toml = tomllib.loads(by_kind(manifests, "ConfigMap")["fan-fleetrl-config"]["data"]["run.toml"])["run"]
+    assert Config(**run_toml).weight_fanout == "chain"
+    args = pod_specs(manifests)["fan-fleetrl-controller"]["containers"][0]["args"]
+    assert args[args.index("--config") + 1] == "/etc/fleetrl/run/run.toml"

@@ -3,6 +3,9 @@ services run as local processes (commands and environment as written) to train t
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -10,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.deploy.conftest import COMPOSE_FILE, COMPOSE_STEPS, TOKEN, need_tool
-from tests.deploy.from_compose import ComposeError, interpolate, load_compose
-from tests.deploy.localstack import REPO
+from tests.deploy.conftest import COMPOSE_FILE, COMPOSE_STEPS, TOKEN, need_tool, tiny_run_toml
+from tests.deploy.from_compose import ComposeError, compose_services, interpolate, load_compose
+from tests.deploy.localstack import REPO, LocalStack, StackError
 
 ENV_EXAMPLE = REPO / ".env.example"
 PROFILE_SETS = ("cpu", "cpu,reference", "gpu", "gpu,reference")
@@ -110,6 +113,17 @@ def test_interpolation_rules():
         interpolate("${B:?set B}", env)
 
 
+def test_override_files_merge_as_compose_does_or_are_refused(tmp_path):
+    more = tmp_path / "more.yml"
+    more.write_text("services:\n  gateway:\n    command: [serve, gateway]\n    depends_on: {trainer: {}}\n")
+    gateway = load_compose(COMPOSE_FILE, env_example(), overrides=(more,))["services"]["gateway"]
+    assert gateway["command"] == ["serve", "gateway"]  # replaced, as compose replaces a command
+    assert gateway["depends_on"] == {"controller": {"condition": "service_healthy"}, "trainer": {}}  # merged
+    more.write_text("services:\n  gateway:\n    volumes: [./x:/x]\n")  # compose merges these by mount path
+    with pytest.raises(ComposeError, match=r"services\.gateway\.volumes"):
+        load_compose(COMPOSE_FILE, env_example(), overrides=(more,))
+
+
 def test_services_find_each_other_by_name_and_gateways_need_no_per_replica_config():
     services = load_compose(COMPOSE_FILE, env_example())["services"]
     trainer = services["trainer"]["command"]
@@ -180,3 +194,127 @@ def test_inference_takes_the_lora_rank_from_the_env():
         command = [str(a) for a in load_compose(COMPOSE_FILE, env)["services"]["inference"]["command"]]
         assert command[:2] == ["serve", "inference"]
         assert config_from_args(build_parser().parse_args(command[2:])).max_lora_rank == rank
+
+
+# --- The prompt rows: FLEETRL_ROWS, FLEETRL_DATA_DIR, docker-compose.rows-url.yml ------------------------------
+
+ROWS_URL_FILE = REPO / "docker-compose.rows-url.yml"
+
+
+def write_rows(path: Path, n: int = 5) -> str:
+    """A JSONL rows file; returns its sha256."""
+    path.write_text("".join(json.dumps({"prompt": f"count {i} to {i + 3}:"}) + "\n" for i in range(n)))
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_default_stack_reads_rows_from_the_config_folder_and_mounts_the_data_folder(tmp_path):
+    for env, rows, data in (
+        ({}, "/etc/fleetrl/user/rows.jsonl", "fleetrl-data"),
+        (
+            {"FLEETRL_ROWS": "/var/lib/fleetrl/data/gsm8k/train.parquet", "FLEETRL_DATA_DIR": str(tmp_path)},
+            "/var/lib/fleetrl/data/gsm8k/train.parquet",
+            str(tmp_path),
+        ),
+    ):
+        result = docker_compose("--env-file", str(ENV_EXAMPLE), "config", env={"COMPOSE_PROFILES": "cpu", **env})
+        assert result.returncode == 0, result.stderr
+        services = yaml.safe_load(result.stdout)["services"]
+        assert "fetch-rows" not in services  # the URL download is docker-compose.rows-url.yml's
+        controller = services["controller"]
+        assert controller["command"][controller["command"].index("--rows") + 1] == rows
+        assert f"{data}:/var/lib/fleetrl/data:ro" in controller["volumes"]
+        assert "depends_on" not in controller
+
+
+@pytest.mark.parametrize("profiles", ["cpu", "gpu,reference"])
+def test_the_rows_url_file_adds_a_one_shot_download_the_controller_waits_for(profiles):
+    env = env_example() | {"FLEETRL_ROWS_URL": "https://data.example.com/gsm8k/train.jsonl", "HF_TOKEN": "hf_x"}
+    result = docker_compose("-f", str(ROWS_URL_FILE), "config", env={**env, "COMPOSE_PROFILES": profiles})
+    assert result.returncode == 0, result.stderr
+    theirs = yaml.safe_load(result.stdout)["services"]
+    assert theirs["controller"]["depends_on"] == {"fetch-rows": {"condition": "service_completed_successfully"}}
+    fetch = theirs["fetch-rows"]
+    assert "profiles" not in fetch and fetch.get("restart") == "no"
+    assert fetch["environment"] == {"HF_TOKEN": "hf_x"}
+    assert "fleetrl-data:/var/lib/fleetrl:rw" in fetch["volumes"]  # the controller's data folder, writable here
+    ours = load_compose(COMPOSE_FILE, env, overrides=(ROWS_URL_FILE,))["services"]
+    for name in ("fetch-rows", "controller"):  # tests/deploy/from_compose.py merges the files as compose does
+        for key in ("entrypoint", "command", "depends_on"):
+            assert ours[name].get(key) == theirs[name].get(key), (name, key)
+    # Without a URL the file refuses to start, naming the variable.
+    missing = docker_compose("-f", str(ROWS_URL_FILE), "config", "-q", env=env_example() | {"COMPOSE_PROFILES": "cpu"})
+    assert missing.returncode != 0 and "FLEETRL_ROWS_URL" in missing.stderr
+
+
+def test_rows_from_a_url_land_where_the_controller_reads_them_before_it_starts(tmp_path):
+    """docker-compose.rows-url.yml's fetch-rows, run locally on a file:// URL with its sha256, writes the file
+    into the data volume; the controller (here a stand-in with its mounts, --rows and depends_on) starts only
+    after that and reads it. A wrong sha256 fails fetch-rows, leaves nothing, and the controller never starts."""
+    served = tmp_path / "served" / "train.jsonl"
+    served.parent.mkdir()
+    sha = write_rows(served)
+    for expected, ok in ((sha.upper(), True), ("0" * 64, False)):
+        workdir = tmp_path / f"run-{ok}"
+        env = {
+            "FLEETRL_AUTH_TOKEN": TOKEN,
+            "FLEETRL_ROWS_URL": served.as_uri(),
+            "FLEETRL_ROWS_SHA256": expected,
+            "FLEETRL_ROWS": "/var/lib/fleetrl/data/train.jsonl",
+        }
+        services = {
+            s.name: s for s in compose_services(COMPOSE_FILE, env, {"cpu"}, workdir, overrides=(ROWS_URL_FILE,))
+        }
+        fetch, controller = services["fetch-rows"], services["controller"]
+        assert controller.depends_on == {"fetch-rows": "service_completed_successfully"}
+        rows = controller.argv[controller.argv.index("--rows") + 1]
+        reader = dataclasses.replace(
+            controller,
+            argv=["python", "-c", "import sys; sys.stdout.write(open(sys.argv[1]).read())", rows],
+            probe=None,
+        )
+        volume = workdir / "volumes" / "fleetrl-data"
+        with LocalStack([fetch, reader], workdir) as stack:
+            if ok:
+                stack.start(health_timeout_s=60)
+                assert stack.wait_exit("controller", timeout_s=60) == 0, stack.all_log_tails()
+                assert (workdir / "controller.log").read_bytes() == served.read_bytes()
+                assert (volume / "train.jsonl").read_bytes() == served.read_bytes()
+                assert f"sha256 {sha}" in (workdir / "fetch-rows.log").read_text()
+            else:
+                with pytest.raises(StackError, match="fetch-rows exited with code 1"):
+                    stack.start(health_timeout_s=60)
+                assert reader.process is None
+                assert "expected " + "0" * 64 in (workdir / "fetch-rows.log").read_text()
+                assert not list(volume.iterdir())  # no file, no partial one
+
+
+# --- Relayed weight pushes ---------------------------------------------------------------------------------
+
+
+def test_inference_serves_its_weight_relay_on_a_fixed_port_under_its_service_name():
+    """--relay-port 5573 (declared with `expose`), and the hostname `inference`: the relay is advertised as
+    <hostname>:5573, a name the other containers resolve."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    result = docker_compose("--env-file", str(ENV_EXAMPLE), "config", env={"COMPOSE_PROFILES": "cpu,gpu"})
+    assert result.returncode == 0, result.stderr
+    theirs = yaml.safe_load(result.stdout)["services"]
+    for name in ("inference", "inference-gpu"):
+        assert theirs[name]["hostname"] == "inference"
+        assert [str(p) for p in theirs[name]["expose"]] == ["5573"]
+        command = [str(a) for a in theirs[name]["command"]]
+        assert config_from_args(build_parser().parse_args(command[2:])).relay_port == 5573
+
+
+def test_a_weight_fanout_in_run_toml_reaches_the_controller(tmp_path):
+    """weight_fanout is a run key: the run.toml in FLEETRL_CONFIG_DIR carries it to the controller."""
+    from fleetrl.services.controller.launcher import build_parser
+    from fleetrl.shell.args import run_config_from_args
+
+    (tmp_path / "run.toml").write_text(tiny_run_toml() + 'weight_fanout = "chain"\n')
+    env = {"FLEETRL_AUTH_TOKEN": TOKEN, "FLEETRL_CONFIG_DIR": str(tmp_path)}
+    services = compose_services(COMPOSE_FILE, env, {"cpu"}, tmp_path / "work")
+    stack = LocalStack(services, tmp_path / "work")
+    argv = stack.command(stack.services["controller"])
+    assert argv[3:5] == ["serve", "controller"]
+    assert run_config_from_args(build_parser().parse_args(argv[5:])).weight_fanout == "chain"

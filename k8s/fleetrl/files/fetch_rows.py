@@ -2,6 +2,9 @@
 
     python fetch_rows.py URL DEST [SHA256]
 
+DEST ending in "/" is a folder: the file keeps the URL's last path part as its name (rows.jsonl when there is
+none), as the chart names it (docker-compose.rows-url.yml uses this).
+
 HF_TOKEN, when set, is sent to huggingface.co only (not along a redirect: the hub's file URLs redirect to
 signed ones). The file is written next to DEST and renamed into place once whole and matching, so the
 controller never reads a partial or wrong download; any failure exits non-zero and the pod retries.
@@ -9,11 +12,15 @@ controller never reads a partial or wrong download; any failure exits non-zero a
 
 import hashlib
 import os
+import posixpath
 import sys
 import urllib.parse
 import urllib.request
 
 url, dest = sys.argv[1], sys.argv[2]
+if dest.endswith("/"):
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    dest += posixpath.basename(path.rstrip("/")) or "rows.jsonl"
 want = sys.argv[3].strip().lower() if len(sys.argv) > 3 else ""
 request = urllib.request.Request(url)
 host = urllib.parse.urlsplit(url).hostname or ""
