@@ -7,6 +7,7 @@ servers leaves the engine running for the other tests). Leaves the engine servin
 
 from __future__ import annotations
 
+import asyncio
 import urllib.request
 
 import pytest
@@ -15,6 +16,7 @@ import pytest_asyncio
 pytest.importorskip("vllm")
 
 import openai
+import torch
 from transformers import AutoTokenizer
 
 from fleetrl.clients.inference import InferenceClient
@@ -22,7 +24,8 @@ from fleetrl.clients.inference_types import Completion, SamplingRequest
 from fleetrl.rpc import check_health, open_channel
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.server import create_server
-from fleetrl.weights import WeightPublisher
+from fleetrl.v1 import inference_pb2, inference_pb2_grpc
+from fleetrl.weights import WeightPublisher, fetch_weights
 from tests.integration.inference import conformance
 from tests.integration.inference.conftest import VLLM_TEST_MARKS
 
@@ -117,3 +120,37 @@ async def test_openai_client_completions_and_chat(vllm_service, tiny_model_dir):
         assert chat.choices[0].message.role == "assistant"
     finally:
         await client.close()
+
+
+async def test_a_relayed_load_reaches_the_vllm_worker_through_the_replicas_relay(vllm_service, tiny_model_dir):
+    """weight_fanout = chain/tree on the vLLM engine: the replica's relay fetches the version, the vLLM worker loads
+    it from the relay on loopback, and a peer then fetches the same bytes from the relay, not the trainer."""
+    engine = vllm_service.engine
+    version = engine.loaded_version
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=41)
+    request = SamplingRequest([3, 4, 5], n=2, max_tokens=8, temperature=0.7, seed=5)
+    async with open_channel(f"127.0.0.1:{vllm_service.grpc_port}", TOKEN) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        with WeightPublisher(auth_token=TOKEN) as publisher:
+            manifest = publisher.publish(version + 1, new_state)
+            load = inference_pb2.LoadWeightsRequest(
+                version=version + 1, source=publisher.address, timeout_s=60, relay=True
+            )
+            reply = await stub.LoadWeights(load, timeout=90)
+            assert (reply.version, reply.checksum) == (version + 1, manifest.checksum)
+            status = await stub.Status(inference_pb2.StatusRequest(), timeout=10)
+            assert status.relay_version == version + 1 and status.relay_address
+            served = publisher.snapshot_counts()["bytes_served"]
+            assert served == sum(t.numel() * t.element_size() for t in new_state.values())  # one copy
+            peer_manifest, tensors = await asyncio.to_thread(
+                fetch_weights, status.relay_address, version + 1, auth_token=TOKEN, timeout_s=30
+            )
+            assert peer_manifest.checksum == manifest.checksum and publisher.snapshot_counts()["bytes_served"] == served
+            assert all(torch.equal(tensors[name], new_state[name].contiguous()) for name in tensors)
+            after = await engine.generate(request)
+            assert all(c.versions == [version + 1] * len(c.token_ids) for c in after)
+            conformance.assert_logprobs_match(conformance.load_reference(tiny_model_dir, new_state), request, after)
+            publisher.publish(version + 2, original)
+            restore = inference_pb2.LoadWeightsRequest(version=version + 2, source=publisher.address, timeout_s=60)
+            await stub.LoadWeights(restore, timeout=90)
