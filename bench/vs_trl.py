@@ -13,6 +13,8 @@ then again, `--repeats` times), each in its own process:
       generate + one fwd/bwd/AdamW step a step, bench/vs_trl_limit.py).
   tool (default 50 steps): each completion also awaits a 0.2 s tool call: trl (async reward), fleetrl_sync,
       fleetrl_o1, fleetrl_o2, fleetrl_o2_c256 (O = 2, max_concurrency = 256).
+  opt-in, either workload (`--arms trl_t1,limit_t1`): trl and limit with OMP_NUM_THREADS=1, as `fleetrl up` gives
+      each of its compute processes on 2 cores (steady on a loaded machine, where 2-thread torch is not).
 
 s/step is (last step end - first step end) / (steps - 1) of one run (the first step excluded); the table gives the
 median [min, max] over repeats, completions/s = 128 / median s/step, vs TRL = TRL's median s/step / the arm's.
