@@ -63,7 +63,9 @@ def test_no_row_is_leased_before_a_resumed_version_is_on_the_replicas(tmp_path, 
         tmp_path,
         tiny_model_dir,
         {
-            "max_steps": 6,
+            # Far more steps than the kill comes after: the trainer must not reach max_steps (and leave the resumed
+            # run nothing to train) between step 3's line and the SIGKILL (it did once under CI with max_steps 6).
+            "max_steps": 12,
             "dcp_save_interval": 2,
             "max_head_offpolicy_versions": 1,
             "rollout_extras": {"version_log": str(version_log)},
@@ -76,7 +78,7 @@ def test_no_row_is_leased_before_a_resumed_version_is_on_the_replicas(tmp_path, 
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     resumed_at = json.loads((checkpoint / STATE_FILE).read_text())["steps_done"]
-    assert resumed_at >= 2
+    assert 2 <= resumed_at < 12, f"the trainer checkpointed step {resumed_at}: nothing left to resume"
     version_log.unlink()
     resumed = fleetrl_up(config, extra=["--resume"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
