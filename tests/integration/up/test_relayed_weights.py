@@ -19,6 +19,7 @@ from tests.integration.up.test_replica_faults import replica_pid, replica_status
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LOADED = re.compile(r"replica (\S+) loaded version (\d+) from (\S+?)(?: \(transfer|: back in rotation)")
+PUSHED = re.compile(r"replica (\S+) loaded version (\d+) from (\S+) \(transfer")
 ENGINE_LOADED = re.compile(r"loaded weights version (\d+) \(checksum (\w+)\) from (\S+)")
 
 
@@ -70,17 +71,24 @@ def test_a_chain_run_trains_and_the_trainer_sends_one_copy_per_version(tmp_path,
     assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == list(range(1, 6))
     relays = relay_addresses(run_dir)
     assert len(relays) == 3 and all(a.startswith("tcp://") for a in relays)
-    loads = loads_by_version((run_dir / "controller.log").read_text())
+    controller_log = (run_dir / "controller.log").read_text()
+    loads = loads_by_version(controller_log)
     assert sorted(loads) == [1, 2, 3, 4, 5], loads
+    # A replica the controller could not reach in time (Status unanswered under load) is skipped by a push and
+    # caught up later from a peer; the log must then say so. Every other load is one of the push's chain.
+    caught_up = set(re.findall(r"replica (\S+) serves version \d+, the run is at \d+: pushing it", controller_log))
     for version, sources in loads.items():
-        assert sorted(r for r, _ in sources) == ["inference-0", "inference-1", "inference-2"], (version, sources)
-        from_trainer = [r for r, source in sources if source not in relays]
-        assert from_trainer == ["inference-0"], (version, sources)  # one copy left the trainer
+        missing = {"inference-0", "inference-1", "inference-2"} - {r for r, _ in sources}
+        assert missing <= caught_up, (version, sources, controller_log[-3000:])
+        pushed = PUSHED.findall(controller_log)
+        from_trainer = [r for r, v, source in pushed if int(v) == version and source not in relays]
+        assert len(from_trainer) == 1, (version, pushed)  # the push sent one copy out of the trainer
     # Every replica ends on the same version with the same checksum, each loaded through its own relay.
     last = []
     for i in range(3):
         engine_loads = ENGINE_LOADED.findall((run_dir / f"inference-{i}.log").read_text())
-        assert [int(v) for v, _, _ in engine_loads] == [1, 2, 3, 4, 5]
+        versions = [int(v) for v, _, _ in engine_loads]
+        assert versions == sorted(set(versions)) and versions[-1] == 5, versions
         last.append(engine_loads[-1][:2])
     assert last == [("5", last[0][1])] * 3
 
