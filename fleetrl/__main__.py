@@ -1,8 +1,6 @@
 """`python -m fleetrl ...`: the `fleetrl` command (fleetrl/commands/main.py) without the console script."""
 
-import sys
-
-from fleetrl.commands.main import main
+from fleetrl.commands.main import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

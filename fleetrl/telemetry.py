@@ -15,13 +15,22 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_POLL_S = 0.05  # how often the endpoint's loop looks for a stop: close() returns within this (0.5 s by default)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """Scrapes are not logged."""
 
 
 @dataclass
@@ -60,10 +69,16 @@ def start_metrics_server(
     port 0 picks a free port (see `.port`). Raises OSError naming the address if it cannot bind.
     """
     registry = registry if registry is not None else CollectorRegistry()
+
+    class _Server(ThreadingWSGIServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
     try:
-        httpd, thread = start_http_server(port, addr=host, registry=registry)
+        httpd = make_server(host, port, make_wsgi_app(registry), _Server, handler_class=_QuietHandler)
     except OSError as exc:
         raise OSError(f"could not start the metrics endpoint on {host}:{port}: {exc}") from exc
+    thread = threading.Thread(target=httpd.serve_forever, args=(_POLL_S,), name="metrics-http", daemon=True)
+    thread.start()
     return MetricsServer(registry, host, int(httpd.server_port), httpd, thread)
 
 

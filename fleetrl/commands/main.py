@@ -140,5 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The `fleetrl` console script: `main`, then for `fleetrl serve` an exit without the interpreter's teardown
+    when nothing can be lost by it (fleetrl.commands.fast_exit)."""
+    argv = sys.argv[1:]
+    code = main(argv)
+    if argv[:1] == ["serve"]:
+        from fleetrl.commands.fast_exit import can_exit_fast, exit_fast
+
+        if can_exit_fast():
+            exit_fast(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

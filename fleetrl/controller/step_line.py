@@ -16,12 +16,17 @@ from fleetrl.step_metrics import reward_filter_metrics
 @dataclass(frozen=True)
 class StepTimes:
     """Seconds of one step: `wait` (the trainer idle before it, waiting for rollouts), `train` (the TrainStep
-    call), `weight_update` (the push to every replica) and `total` (from TrainStep to the end of the push)."""
+    call), `weight_update` (the push to every replica), `total` (from TrainStep to the end of the push),
+    `fetch` and `swap` (the slowest replica's fetch-and-verify while it kept generating, and its pause for the
+    swap) and `gate_open` (from the TrainStep reply until the gate admits rows at the new version)."""
 
     wait: float
     train: float
     weight_update: float
     total: float
+    fetch: float = 0.0
+    swap: float = 0.0
+    gate_open: float = 0.0
 
 
 def perf_metrics(times: StepTimes, samples: float, tokens: float) -> dict[str, float]:
@@ -33,6 +38,9 @@ def perf_metrics(times: StepTimes, samples: float, tokens: float) -> dict[str, f
         "perf/train_wait_time": times.wait,
         "perf/wait_time_ratio": times.wait / step_time if step_time > 0 else 0.0,
         "perf/weight_update_time": times.weight_update,
+        "perf/weight_fetch_time": times.fetch,
+        "perf/weight_swap_time": times.swap,
+        "perf/gate_open_time": times.gate_open,
         mn.SAMPLES_PER_S: samples / step_time if step_time > 0 else 0.0,
         "perf/step_tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
     }
@@ -51,10 +59,12 @@ def step_line(
     times: StepTimes,
     counters: Mapping[str, int],
     tracker_failures: int,
+    row_phases: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """The step's line: the trainer's metrics, then step/version/time, the admitted offsets, the reward-filter
-    figures (fleetrl.step_metrics.reward_filter_metrics), `progress/done_frac`, `perf/*`, every scheduler counter
-    as `producer/<name>` and the trackers' failures so far.
+    figures (fleetrl.step_metrics.reward_filter_metrics), `progress/done_frac`, `perf/*` (with the gateways'
+    per-row phase means, `row_phases`, from fleetrl.controller.row_phases), every scheduler counter as
+    `producer/<name>` and the trackers' failures so far.
 
     `async/version_offset_*` come from the trainer (measured on the samples it trained, per-token versions); the
     offsets the controller admitted the groups at (`admitted_offsets`) are kept apart as
@@ -64,6 +74,7 @@ def step_line(
     line.update(reward_filter_metrics(trainer_metrics, rejected_rewards, rejected_groups))
     line[mn.PROGRESS_DONE_FRAC] = done_frac
     line.update(perf_metrics(times, trainer_metrics.get("data/samples", 0.0), trainer_metrics.get("data/tokens", 0.0)))
+    line.update(row_phases or {})
     for key, value in counters.items():
         line[f"producer/{key}"] = value
     line[mn.TRACKER_FAILURES] = tracker_failures

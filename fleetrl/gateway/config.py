@@ -31,7 +31,10 @@ class GatewayConfig(BaseModel):
     controller_address: str = Field("127.0.0.1:50050", description="HOST:PORT of the version controller.")
     gateway_id: str | None = Field(None, description="Unique id; None = gateway-<host>-<pid>.")
     max_rows_in_flight: int | None = Field(
-        None, ge=1, description="Rows processed at once; None = ceil(max_concurrency / G) + 1, or 16."
+        None,
+        ge=1,
+        description="Rows processed at once; None = ceil(max_concurrency / G) + 1, or without max_concurrency "
+        "as many as the off-policy gate can admit at once, P x (O + 1), at least 16.",
     )
     min_samples: int = Field(
         2, ge=2, description="A group with fewer valid samples is rejected; unset = the run's min_group_size."
@@ -79,11 +82,14 @@ class GatewayConfig(BaseModel):
 
     @property
     def rows_in_flight(self) -> int:
-        """Rows leased and processed at once (`max_rows_in_flight`, else from max_concurrency and G)."""
+        """Rows leased and processed at once (`max_rows_in_flight`, else from max_concurrency and G, else enough
+        for every row the gate admits at once, P x (O + 1), so an async run's O versions overlap)."""
         if self.max_rows_in_flight is not None:
             return self.max_rows_in_flight
         c, g = self.run.max_concurrency, self.run.completions_per_prompt
-        return 16 if c is None else -(-c // g) + 1
+        if c is not None:
+            return -(-c // g) + 1
+        return max(16, self.run.prompt_groups_per_step * (self.run.max_head_offpolicy_versions + 1))
 
     @classmethod
     def build(cls, data: dict[str, Any]) -> GatewayConfig:

@@ -157,10 +157,13 @@ class Gateway:
                 reply = None
                 # max_rows 0: only the routable replicas. A busy gateway refreshes them every heartbeat too, so calls
                 # in flight to a replica the controller fenced (hung, stopped) move to another one.
+                lease_s = 0.0
                 if want > 0 or self.sampler.wants_replicas or heartbeat is not None:
+                    t_lease = time.monotonic()
                     reply = await self._call(
                         self.stub.LeaseRows, controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want)
                     )
+                    lease_s = time.monotonic() - t_lease
                 if reply is not None:
                     self.sampler.set_replicas([r.address for r in reply.replicas])
                     self._maybe_evaluate(reply.evaluate_version, tasks)
@@ -171,7 +174,7 @@ class Gateway:
                             send_timeout_s=self.config.send_timeout_s,
                         )
                     for leased in reply.rows:
-                        tasks.add(asyncio.create_task(self.process_row(leased), name=f"row-{leased.row_id}"))
+                        tasks.add(asyncio.create_task(self.process_row(leased, lease_s), name=f"row-{leased.row_id}"))
                     if reply.run_finished and not tasks:
                         log.info(
                             "run finished; gateway %s exits (%s, row latency p50=%.2f ms p99=%.2f ms)",
@@ -321,10 +324,13 @@ class Gateway:
                 results[i] = result
         return results
 
-    async def process_row(self, leased: Any) -> None:
+    async def process_row(self, leased: Any, lease_s: float = 0.0) -> None:
+        """Run a leased row's group, send it to the trainer if accepted, report the outcome with the seconds of
+        each phase (`lease`: the LeaseRows call that leased it, `rollouts`, `send`)."""
         started = time.monotonic()
         row = json.loads(leased.row_json)
         results = await self._group_results(row, leased)
+        phase_s = {"lease": lease_s, "rollouts": time.monotonic() - started}
         assembled = assemble_group(
             leased.row_id,
             leased.submit_version,
@@ -349,7 +355,10 @@ class Gateway:
         )
         if assembled.accepted:
             try:
+                t_send = time.monotonic()
                 await self.send(assembled.group)
+                phase_s["send"] = time.monotonic() - t_send
+                report.phase_s.update(phase_s)
                 report.outcome = controller_pb2.ACCEPTED
                 self.counters["rows_accepted"] += 1
             except GroupStreamError as exc:

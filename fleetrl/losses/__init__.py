@@ -6,8 +6,11 @@ docs/losses.md for the formulas and their papers.
     loss, metrics = policy_loss("grpo", logprobs, old_logprobs, rollout_logprobs, advantages, mask)
 """
 
-from fleetrl.losses.aggregation import aggregate_loss, masked_mean, masked_sum
-from fleetrl.losses.policy import policy_loss
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fleetrl.losses.settings import (
     AGG_MODES,
     LOG_RATIO_CLAMP,
@@ -16,7 +19,29 @@ from fleetrl.losses.settings import (
     LossSettings,
     resolve_loss_settings,
 )
-from fleetrl.losses.tis import TisWeights, tis_weights
+
+if TYPE_CHECKING:
+    from fleetrl.losses.aggregation import aggregate_loss, masked_mean, masked_sum
+    from fleetrl.losses.policy import policy_loss
+    from fleetrl.losses.tis import TisWeights, tis_weights
+
+# The torch parts load on first use: the names and settings above are all a config check needs (`fleetrl up`,
+# the controller and the gateways validate configs and never compute a loss, and importing torch costs ~1 s).
+_LAZY = {
+    "aggregate_loss": "aggregation",
+    "masked_mean": "aggregation",
+    "masked_sum": "aggregation",
+    "policy_loss": "policy",
+    "TisWeights": "tis",
+    "tis_weights": "tis",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"fleetrl.losses.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'fleetrl.losses' has no attribute {name!r}")
+
 
 __all__ = [
     "AGG_MODES",

@@ -118,7 +118,7 @@ class LeaseRowsResponse(_message.Message):
     def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class RowReport(_message.Message):
-    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt", "rewards")
+    __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt", "rewards", "phase_s")
     class SamplesDroppedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,13 @@ class RowReport(_message.Message):
         key: str
         value: int
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class PhaseSEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +141,7 @@ class RowReport(_message.Message):
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     REWARDS_FIELD_NUMBER: _ClassVar[int]
+    PHASE_S_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     outcome: RowOutcome
     min_version: int
@@ -142,7 +150,8 @@ class RowReport(_message.Message):
     samples: int
     attempt: int
     rewards: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., attempt: _Optional[int] = ..., rewards: _Optional[_Iterable[float]] = ...) -> None: ...
+    phase_s: _containers.ScalarMap[str, float]
+    def __init__(self, row_id: _Optional[int] = ..., outcome: _Optional[_Union[RowOutcome, str]] = ..., min_version: _Optional[int] = ..., reason: _Optional[str] = ..., samples_dropped: _Optional[_Mapping[str, int]] = ..., samples: _Optional[int] = ..., attempt: _Optional[int] = ..., rewards: _Optional[_Iterable[float]] = ..., phase_s: _Optional[_Mapping[str, float]] = ...) -> None: ...
 
 class ReportRowsRequest(_message.Message):
     __slots__ = ("gateway_id", "reports")

@@ -5,12 +5,38 @@
 to its peers and ``relay_plan`` who fetches from whom.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from fleetrl.weights.errors import WeightTransferError
-from fleetrl.weights.fetch import WeightStream, fetch_weights, iter_weights
-from fleetrl.weights.manifest import Manifest, TensorSpec, build_manifest
-from fleetrl.weights.publisher import WeightPublisher
-from fleetrl.weights.relay import WeightRelay
 from fleetrl.weights.relay_plan import plan_relay, relay_depth
+
+if TYPE_CHECKING:
+    from fleetrl.weights.fetch import WeightStream, fetch_weights, iter_weights
+    from fleetrl.weights.manifest import Manifest, TensorSpec, build_manifest
+    from fleetrl.weights.publisher import WeightPublisher
+    from fleetrl.weights.relay import WeightRelay
+
+# The torch and ZeroMQ parts load on first use: the controller plans relays (relay_plan) and never moves a tensor.
+_LAZY = {
+    "WeightStream": "fetch",
+    "fetch_weights": "fetch",
+    "iter_weights": "fetch",
+    "Manifest": "manifest",
+    "TensorSpec": "manifest",
+    "build_manifest": "manifest",
+    "WeightPublisher": "publisher",
+    "WeightRelay": "relay",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"fleetrl.weights.{_LAZY[name]}"), name)
+    raise AttributeError(f"module 'fleetrl.weights' has no attribute {name!r}")
+
 
 __all__ = [
     "Manifest",

@@ -20,6 +20,12 @@ _STEP_GAUGES = (
     ("train_seconds", "perf/train_time", "Last step's TrainStep call (trainer busy)."),
     ("train_wait_seconds", "perf/train_wait_time", "Trainer idle before the last step, waiting for rollouts."),
     ("weight_update_seconds", "perf/weight_update_time", "Last step's weight push to every replica."),
+    ("weight_fetch_seconds", "perf/weight_fetch_time", "Last push: the slowest replica's fetch and checksum."),
+    ("weight_swap_seconds", "perf/weight_swap_time", "Last push: the longest a replica paused to swap."),
+    ("gate_open_seconds", "perf/gate_open_time", "Last step: TrainStep reply until the gate admits the new version."),
+    ("row_rollout_seconds", "perf/rollout_time", "Last step's rows: mean seconds of a row's group of rollouts."),
+    ("row_lease_seconds", "perf/lease_time", "Last step's rows: mean seconds of the LeaseRows call that leased them."),
+    ("row_send_seconds", "perf/group_send_time", "Last step's rows: mean seconds sending a group to the trainer."),
     ("samples_per_second", "perf/samples_per_s", "Samples trained per second over the last step."),
     ("tokens_per_second", "perf/step_tokens_per_s", "Tokens trained per second over the last step."),
 )

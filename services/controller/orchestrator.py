@@ -22,6 +22,7 @@ import grpc
 from fleetrl import metric_names as mn
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.push_plan import PushSource, push_sources
+from fleetrl.controller.row_phases import RowPhases
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.controller.step_line import StepTimes, step_line
@@ -106,6 +107,9 @@ class Orchestrator:
         # samples' rewards: the step's rollout/raw_reward and rollout/filter_ratio count them.
         self._rejected_rewards: list[float] = []
         self._rejected_groups = 0
+        self.row_phases = RowPhases()  # accepted rows' gateway phase seconds, until their step's line
+        self.told_finished: set[str] = set()  # members a reply has told that the run finished
+        self.last_push_fetch_s = self.last_push_swap_s = 0.0
 
     def leasing_open(self) -> bool:
         """Rows may be leased: the run has started (trainer and replica answered; after a resume, the resumed
@@ -371,7 +375,16 @@ class Orchestrator:
         t_end = self.clock()
         self._last_step_end = t_end
         self.last_progress = t_end
-        self.write_metrics(step, reply, wait_time, t_trained - t_start, weight_update_time, t_end - t_start)
+        times = StepTimes(
+            wait=wait_time,
+            train=t_trained - t_start,
+            weight_update=weight_update_time,
+            total=t_end - t_start,
+            fetch=self.last_push_fetch_s if reply.published else 0.0,
+            swap=self.last_push_swap_s if reply.published else 0.0,
+            gate_open=t_end - t_trained,
+        )
+        self.write_metrics(step, reply, times)
         interval = self.run_cfg.evaluation_interval
         if self.evaluation and interval and step.step % interval == 0:
             await self.evaluate(self.scheduler.gate.version, wait=False)
@@ -383,6 +396,7 @@ class Orchestrator:
         replica that answers again. Only replicas that all answered and refused the weights fail the run."""
         t0 = self.clock()
         self.weights_source = source
+        self.last_push_fetch_s = self.last_push_swap_s = 0.0
         # One that is not answering Status is skipped (it stays fenced; once it answers, the poller catches it
         # up), and so is one still loading an older version (the poller pushes this one after).
         replicas = [
@@ -403,6 +417,8 @@ class Orchestrator:
                 if member.fenced:
                     log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
                 self.members.loaded(member.member_id, reply.version)
+                self.last_push_fetch_s = max(self.last_push_fetch_s, reply.transfer_s)
+                self.last_push_swap_s = max(self.last_push_swap_s, reply.pause_s)
                 log.info(
                     "replica %s loaded version %d from %s (transfer %.3f s, pause %.3f s)",
                     member.member_id,
@@ -580,6 +596,25 @@ class Orchestrator:
             self.last_progress = now
         self.wakeup.set()
 
+    def told_if_finished(self, member_id: str) -> None:
+        """A reply to `member_id` is about to say whether the run finished: remember those told it has."""
+        if self.finished:
+            self.told_finished.add(member_id)
+
+    async def wait_gateways_told(self, timeout_s: float) -> None:
+        """Until every live gateway has been told the run finished (so none is left retrying a controller that
+        is gone), at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            live = {m.member_id for m in self.members.alive("gateway", self.clock())}
+            if live <= self.told_finished:
+                return
+            await asyncio.sleep(0.02)
+
+    def record_row_phases(self, row_id: int, phase_s: dict[str, float]) -> None:
+        """An accepted row's gateway phase seconds: their means over a step's rows go in its line."""
+        self.row_phases.record(row_id, phase_s)
+
     def record_rejected(self, rewards: list[float]) -> None:
         """A gateway rejected a group (its samples' rewards): counted in the next step's filter metrics."""
         self._rejected_groups += 1
@@ -595,9 +630,7 @@ class Orchestrator:
         self.trackers.close(failed=failed)
 
     # --- metrics -------------------------------------------------------------------------------
-    def write_metrics(
-        self, step: StepAssignment, reply: Any, wait: float, train: float, weight_update: float, total: float
-    ) -> None:
+    def write_metrics(self, step: StepAssignment, reply: Any, times: StepTimes) -> None:
         line = step_line(
             dict(reply.metrics),
             step=step.step,
@@ -609,9 +642,10 @@ class Orchestrator:
             done_frac=done_fraction(
                 step.step, self.scheduler.max_steps, self.scheduler.cursor.total_rows, self.scheduler.groups_per_step
             ),
-            times=StepTimes(wait=wait, train=train, weight_update=weight_update, total=total),
+            times=times,
             counters=self.scheduler.counters,
             tracker_failures=self.trackers.total_failures,
+            row_phases=self.row_phases.take_step(step.row_ids),
         )
         self._rejected_rewards, self._rejected_groups = [], 0
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
@@ -631,6 +665,6 @@ class Orchestrator:
             reply.version,
             line.get(mn.RAW_REWARD, float("nan")),
             line.get("async/version_offset_max", -1),
-            wait,
-            train,
+            times.wait,
+            times.train,
         )

@@ -64,6 +64,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.HeartbeatResponse:
         known = self.members.heartbeat(request.member_id, self.clock())
+        self.orchestrator.told_if_finished(request.member_id)
         return controller_pb2.HeartbeatResponse(
             known=known, run_finished=self.orchestrator.finished, evaluate_version=self.orchestrator.evaluate_version
         )
@@ -83,6 +84,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             else []
         )
         trainers = self.members.alive("trainer", now)
+        self.orchestrator.told_if_finished(request.gateway_id)
         return controller_pb2.LeaseRowsResponse(
             rows=[
                 controller_pb2.LeasedRow(
@@ -124,6 +126,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             for why, count in report.samples_dropped.items():
                 if why in DROP_REASONS and count >= 0:  # a forged or buggy report cannot invent counters
                     self.scheduler.count_dropped(why, count)
+            if results[-1] == "accepted":
+                self.orchestrator.record_row_phases(report.row_id, dict(report.phase_s))
             if results[-1] == "rejected":
                 self.scheduler.count_rejection(report.samples_dropped, report.reason)
                 self.orchestrator.record_rejected(list(report.rewards))

@@ -31,6 +31,17 @@ class InferenceConfig(BaseModel):
     served_model_name: str | None = Field(
         None, description="Model id in the OpenAI API (/v1/models); None = the model dir's name."
     )
+    tool_call_parser: str | None = Field(
+        "hermes",
+        description="engine 'vllm': vLLM tool parser turning generated text into OpenAI `tool_calls` (vllm serve's "
+        "--tool-call-parser: 'hermes' for the <tool_call>{json}</tool_call> format of Qwen2.5/Qwen3 and the tiny "
+        "model, 'llama3_json', 'mistral', ...); None or '' = no tool parsing.",
+    )
+    enable_auto_tool_choice: bool = Field(
+        True,
+        description="engine 'vllm': `tool_choice='auto'` requests are parsed for tool calls (vllm serve's "
+        "--enable-auto-tool-choice; ignored without a tool_call_parser).",
+    )
     host: str = Field("127.0.0.1", description="Address all endpoints bind to (loopback default).")
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC API port (0 = pick).")
     http_port: int | None = Field(

@@ -6,7 +6,8 @@ tokenizer's chat template), GET /health. No streaming. Besides the OpenAI fields
 `token_logprobs` (per generated token, under the distribution sampled from), `versions` (policy version per
 token) and `prompt_token_ids`. Extra request fields accepted as in vLLM: top_k, stop_token_ids, ignore_eos.
 String `stop`s are applied after generation: the completion is cut before the first stop string, tokens
-included. With an auth token configured, requests need `Authorization: Bearer <token>` (the client's api_key).
+included. Auth (the run's bearer token) and the policy-version headers come from http_auth.py's middleware, which
+http_server.py wraps around this app.
 
     api = OpenAIApi(engine, tokenizer, metrics, config)   # the routes' state; one method per route
     app = create_app(engine, tokenizer, metrics, config)  # the FastAPI app with those routes
@@ -17,18 +18,16 @@ The pure pieces (request building, stop-string cutting, usage, response choices)
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetrl.rpc import resolve_auth_token
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import (
     FINISH_STOP,
@@ -169,20 +168,11 @@ class OpenAIApi:
         self.tokenizer = tokenizer
         self.metrics = metrics
         self.config = config
-        self.token = resolve_auth_token(config.auth_token)
         self.chat_stops = chat_stop_ids(tokenizer)
         self.created = int(time.time())
         self.max_len = engine.max_model_len or config.max_model_len
 
-    # middleware and error handler
-
-    async def authorize(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Refuse a request without the bearer token (when one is configured)."""
-        if self.token is not None:
-            sent = request.headers.get("authorization", "")
-            if not hmac.compare_digest(sent.encode(), f"Bearer {self.token}".encode()):
-                return error_response(401, "missing or wrong 'Authorization: Bearer <token>'", "auth_error")
-        return await call_next(request)
+    # error handler
 
     async def invalid(self, request: Request, exc: RequestValidationError) -> JSONResponse:
         """A body that does not parse: 400 naming the fields."""
@@ -316,7 +306,6 @@ def create_app(engine: InferenceEngine, tokenizer: Any, metrics: InferenceMetric
     """The FastAPI app serving `engine` (tokenizer: the model's AutoTokenizer)."""
     api = OpenAIApi(engine, tokenizer, metrics, config)
     app = FastAPI(title="fleetrl inference", docs_url=None, redoc_url=None)
-    app.middleware("http")(api.authorize)
     app.exception_handler(RequestValidationError)(api.invalid)
     app.get("/v1/models")(api.models)
     app.post("/v1/completions")(api.completions)

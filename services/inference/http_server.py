@@ -1,10 +1,12 @@
-"""The uvicorn server that runs the OpenAI-compatible app (http_api.py) as a task in the service's event loop.
+"""The uvicorn server that runs the OpenAI-compatible app as a task in the service's event loop: vLLM's own OpenAI
+serving layer on the engine's AsyncLLM for engine "vllm" (vllm_openai.py), the minimal app of http_api.py for
+engine "hf"; either wrapped in http_auth.py's middleware (the run's token, the policy-version headers).
 
     server, port = await start_http_server(config, engine, metrics)   # config.http_port 0 = pick
     ...
     await server.stop()
 
-uvicorn does not install signal handlers here: the service shell owns SIGINT/SIGTERM.
+uvicorn does not install signal handlers here (the service shell owns SIGINT/SIGTERM) and runs no lifespan.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import asyncio
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
+from fleetrl.rpc import resolve_auth_token
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import InferenceEngine
+from fleetrl.services.inference.http_auth import AuthVersionMiddleware
 from fleetrl.services.inference.metrics import InferenceMetrics
 
 _START_TIMEOUT_S = 30.0
@@ -36,21 +41,52 @@ class HttpServer:
             self._task.cancel()
 
 
+def _request_counter(metrics: InferenceMetrics) -> Callable[[str, int], None]:
+    """Counts vLLM's generate responses in fleetrl_inference_requests_total{api,outcome}."""
+    from fleetrl.services.inference.vllm_openai import request_outcome
+
+    def observe(path: str, status: int) -> None:
+        counted = request_outcome(path, status)
+        if counted is not None:
+            metrics.requests.labels(api=counted[0], outcome=counted[1]).inc()
+
+    return observe
+
+
+async def build_app(config: InferenceConfig, engine: InferenceEngine, metrics: InferenceMetrics) -> Any:
+    """The ASGI app for `engine`: vLLM's OpenAI app (its generate requests counted in `metrics` as they start) or
+    http_api.py's (which counts its own; the hf engine, and the vLLM engine serving LoRA adapter versions), behind
+    the auth and version middleware."""
+    observe: Callable[[str, int], None] | None = None
+    # A LoRA run's versions are adapters fleetrl loads per version (vllm_engine.py), which vLLM's serving layer
+    # does not know: its requests would run on the base weights. There the minimal app serves, through the engine.
+    if engine.engine_name == "vllm" and not config.max_lora_rank:
+        from fleetrl.services.inference.vllm_openai import build_vllm_openai_app
+
+        app = await build_vllm_openai_app(config, engine)
+        observe = _request_counter(metrics)
+    else:
+        from transformers import AutoTokenizer
+
+        from fleetrl.services.inference.http_api import create_app
+
+        tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.model)
+        app = create_app(engine, tokenizer, metrics, config)
+    token = resolve_auth_token(config.auth_token)
+    return AuthVersionMiddleware(app, token=token, version_fn=lambda: engine.loaded_version, observe=observe)
+
+
 async def start_http_server(
     config: InferenceConfig, engine: InferenceEngine, metrics: InferenceMetrics
 ) -> tuple[HttpServer, int]:
     """Serve the OpenAI API on config.host:config.http_port (0 = pick); returns (server, port)."""
     import uvicorn
-    from transformers import AutoTokenizer
-
-    from fleetrl.services.inference.http_api import create_app
 
     class _Server(uvicorn.Server):
         def capture_signals(self):  # the service owns SIGINT/SIGTERM, not uvicorn
             return contextlib.nullcontext()
 
-    tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.model)
-    app = create_app(engine, tokenizer, metrics, config)
+    app = await build_app(config, engine, metrics)
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:

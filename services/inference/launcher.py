@@ -3,7 +3,8 @@
     fleetrl serve inference --model PATH --engine vllm|hf --grpc-port 50051 --http-port 8000 \\
         --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics] \\
         [--relay-port 0 | --no-relay] [--relay-timeout-s 30] \\
-        [--controller HOST:PORT [--member-id ID]] [--max-lora-rank R]
+        [--controller HOST:PORT [--member-id ID]] [--max-lora-rank R] \\
+        [--tool-call-parser hermes|none|...] [--no-auto-tool-choice]
 
 With --controller the replica joins that run once serving: it registers, heartbeats, and the controller brings it
 to the run's current version before routing rollouts to it.
@@ -43,6 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-http", action="store_true", help="do not serve the OpenAI HTTP API")
     parser.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     parser.add_argument("--served-model-name", help="model id in the OpenAI API")
+    parser.add_argument(
+        "--tool-call-parser", help="vLLM engine: tool parser for OpenAI tool calls (default hermes; 'none' = off)"
+    )
+    parser.add_argument(
+        "--no-auto-tool-choice", action="store_true", help="vLLM engine: do not parse tool_choice='auto' requests"
+    )
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--max-num-seqs", type=int, help="sequences decoded together at most")
     parser.add_argument("--max-model-len", type=int, help="prompt + completion length limit")
@@ -73,6 +80,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "relay_port": args.relay_port,
         "relay_timeout_s": args.relay_timeout_s,
         "served_model_name": args.served_model_name,
+        "tool_call_parser": None if args.tool_call_parser in (None, "none") else args.tool_call_parser,
         "dtype": args.dtype,
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
@@ -97,6 +105,10 @@ def config_from_args(args: argparse.Namespace) -> Any:
         disabled["metrics_port"] = None
     if args.no_relay:
         disabled["relay_port"] = None
+    if args.tool_call_parser == "none":
+        disabled["tool_call_parser"] = None
+    if args.no_auto_tool_choice:
+        disabled["enable_auto_tool_choice"] = False
     return config.model_copy(update=disabled) if disabled else config
 
 

@@ -1,5 +1,6 @@
 """The inference service's wiring: an engine behind the gRPC API (servicer.py), the OpenAI-compatible HTTP API
-(http_api.py, run by http_server.py) and Prometheus metrics (metrics.py), optionally joined to a run's controller.
+(vLLM's own serving layer, vllm_openai.py, or the hf engine's http_api.py; run by http_server.py) and Prometheus
+metrics (metrics.py), optionally joined to a run's controller.
 
 `InferenceService` is a `fleetrl.shell.Service`; the shell (fleetrl/shell/service.py) serves /metrics, writes the
 ready file (host, grpc_port, http_port, metrics_port, relay_address), handles SIGINT/SIGTERM and turns the outcome

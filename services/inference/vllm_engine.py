@@ -216,6 +216,13 @@ class VLLMEngine(InferenceEngine):
             self._lora_dir = None
 
     @property
+    def async_llm(self) -> Any:
+        """The started vLLM `AsyncLLM` (the engine client vLLM's own OpenAI server runs on: vllm_openai.py)."""
+        if self._llm is None:
+            raise EngineError("the engine is not started")
+        return self._llm
+
+    @property
     def vocab_size(self) -> int | None:
         return self._vocab_size
 

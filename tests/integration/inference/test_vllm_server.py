@@ -1,5 +1,5 @@
-"""The vLLM engine behind the real servers: gRPC (Generate, Status, LoadWeights, health, /metrics) and the
-OpenAI-compatible HTTP API called with the official `openai` client.
+"""The vLLM engine behind the real servers: gRPC (Generate, Status, LoadWeights, health, /metrics) and vLLM's own
+OpenAI serving layer on the same engine, called with the official `openai` client (more: test_vllm_openai.py).
 
 The servers wrap the session's shared vLLM engine (conftest.py; `start(start_engine=False)`, so stopping the
 servers leaves the engine running for the other tests). Leaves the engine serving the model's own weights.
@@ -89,6 +89,8 @@ async def test_grpc_generate_status_and_load_weights(vllm_service, tiny_model_di
 
 
 async def test_openai_client_completions_and_chat(vllm_service, tiny_model_dir):
+    """vLLM's own OpenAI serving layer on the shared engine: its token ids (`return_token_ids`) and logprobs are the
+    engine's processed logprobs, exact against a transformers recompute."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{vllm_service.http_port}/v1", api_key=TOKEN, max_retries=0)
     try:
@@ -101,7 +103,7 @@ async def test_openai_client_completions_and_chat(vllm_service, tiny_model_dir):
             temperature=0.8,
             seed=4,
             logprobs=0,
-            extra_body={"top_k": 50, "ignore_eos": True},
+            extra_body={"top_k": 50, "ignore_eos": True, "return_token_ids": True},
         )
         prompt_ids = tok.encode("The answer is")
         request = SamplingRequest(prompt_ids, max_tokens=8, temperature=0.8, top_k=50)
@@ -109,14 +111,18 @@ async def test_openai_client_completions_and_chat(vllm_service, tiny_model_dir):
         for choice in reply.choices:
             extra = choice.model_extra
             assert extra["prompt_token_ids"] == prompt_ids and len(extra["token_ids"]) == 8
-            assert choice.text == tok.decode(extra["token_ids"], skip_special_tokens=True)
-            completion = Completion(extra["token_ids"], extra["token_logprobs"], "length", len(prompt_ids), [0] * 8)
+            # vLLM's incremental detokenizer holds back a trailing incomplete UTF-8 sequence
+            assert choice.text == tok.decode(extra["token_ids"], skip_special_tokens=True).rstrip("\ufffd")
+            logprobs = choice.logprobs.token_logprobs
+            completion = Completion(extra["token_ids"], logprobs, "length", len(prompt_ids), [0] * 8)
             conformance.assert_logprobs_match(model, request, [completion])
 
         messages = [{"role": "user", "content": "Hi!"}]
-        chat = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, seed=3)
+        chat = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=10, seed=3, extra_body={"return_token_ids": True}
+        )
         expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        assert chat.choices[0].model_extra["prompt_token_ids"] == tok.encode(expected)
+        assert chat.model_extra["prompt_token_ids"] == tok.encode(expected)
         assert chat.choices[0].message.role == "assistant"
     finally:
         await client.close()

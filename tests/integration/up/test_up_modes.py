@@ -41,6 +41,10 @@ def test_up_trains_within_the_offpolicy_bound(up_run, mode, run, bound):
         assert m["async/version_offset_max"] <= bound
         assert 0.0 <= m["rollout/raw_reward"] <= 1.0
         assert "env/all/even_frac" in m and "perf/step_time" in m and "train/loss" in m
+        # Every phase of the step is timed: the gateways' per-row phases and the push's fetch, swap, gate open.
+        assert m["perf/rollout_time"] > 0 and m["perf/lease_time"] > 0 and m["perf/group_send_time"] > 0
+        assert m["perf/weight_fetch_time"] > 0 and m["perf/weight_swap_time"] > 0
+        assert m["perf/gate_open_time"] >= m["perf/weight_update_time"] > 0
     check_ledger(run_dir, steps=3, groups_per_step=2)
     assert (run_dir / "final" / "config.json").exists()  # the promoted model, exported by the trainer
     check_console(result.stdout, metrics, run_dir)

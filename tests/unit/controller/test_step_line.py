@@ -15,6 +15,7 @@ from fleetrl import Config
 from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
+from fleetrl.controller.step_line import StepTimes
 from fleetrl.gate import OffPolicyGate
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
@@ -77,7 +78,7 @@ def test_a_step_line_has_raw_and_filtered_reward_progress_and_samples(tmp_path):
         ],
     )
     step = StepAssignment(step=1, rows=((1, 0), (2, 0)), version_offsets=(0, 0))
-    orch.write_metrics(step, reply, wait=1.0, train=0.5, weight_update=0.25, total=1.0)
+    orch.write_metrics(step, reply, StepTimes(wait=1.0, train=0.5, weight_update=0.25, total=1.0))
 
     (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert line["rollout/filtered_reward"] == 0.5 and line["train/loss"] == 0.1
@@ -104,10 +105,7 @@ def test_a_step_line_has_raw_and_filtered_reward_progress_and_samples(tmp_path):
         trainer_pb2.TrainStepResponse(
             step=2, version=2, metrics={"rollout/filtered_reward": 0.25, "data/samples": 8.0, "data/groups": 2.0}
         ),
-        0.0,
-        0.5,
-        0.0,
-        0.5,
+        StepTimes(wait=0.0, train=0.5, weight_update=0.0, total=0.5),
     )
     second = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert second["rollout/raw_reward"] == 0.25 and second["rollout/filter_ratio"] == 0.0  # counted once

@@ -1,5 +1,6 @@
 """services/inference/http_api.py: the OpenAI routes' handlers on a scripted engine and a character tokenizer
-(no model, no sockets; the auth middleware and body validation through FastAPI's in-memory client)."""
+(no model, no sockets; the auth middleware of http_auth.py and body validation through FastAPI's in-memory
+client)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from fleetrl.services.inference.http_api import (
     create_app,
     cut_at_stop,
 )
+from fleetrl.services.inference.http_auth import AuthVersionMiddleware
 from fleetrl.services.inference.metrics import InferenceMetrics
 from tests.unit.inference.fakes import END_OF_TURN_ID, CharTokenizer, ScriptedEngine
 
@@ -124,10 +126,14 @@ def test_the_app_checks_the_token_and_reports_bad_bodies_as_400() -> None:
     engine = ScriptedEngine()
     config = InferenceConfig(model="/models/tiny", engine="hf", auth_token="key")
     app = create_app(engine, CharTokenizer(), InferenceMetrics(CollectorRegistry(), engine), config)
+    app = AuthVersionMiddleware(app, token="key", version_fn=lambda: engine.loaded_version)  # as http_server.py does
     with TestClient(app) as client:
-        assert client.get("/health").status_code == 401
+        assert client.get("/health").json() == {"status": "ok"}  # open: liveness probes carry no token
+        refused = client.get("/v1/models")
+        assert refused.status_code == 401 and refused.json()["error"]["type"] == "auth_error"
         authorized = {"Authorization": "Bearer key"}
-        assert client.get("/health", headers=authorized).json() == {"status": "ok"}
+        models = client.get("/v1/models", headers=authorized)
+        assert models.status_code == 200 and models.headers["x-fleetrl-policy-version"] == "0"
         reply = client.post("/v1/completions", json={"max_tokens": 3}, headers=authorized)
         assert reply.status_code == 400 and "prompt" in reply.json()["error"]["message"]
         reply = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 3}, headers=authorized)

@@ -78,3 +78,12 @@ def test_controller_and_member_id_flags_join_a_run() -> None:
     assert InferenceConfig(model="/m").controller_address is None  # by default it waits to be named
     with pytest.raises(InferenceConfigError, match="member_id"):
         InferenceConfig.build({"model": "/m", "member_id": "inference-1"})
+
+
+def test_tool_parser_flags() -> None:
+    config = config_from_args(build_parser().parse_args(["--model", "/m", "--tool-call-parser", "llama3_json"]))
+    assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("llama3_json", True)
+    config = config_from_args(build_parser().parse_args(["--model", "/m", "--tool-call-parser", "none"]))
+    assert config.tool_call_parser is None
+    config = config_from_args(build_parser().parse_args(["--model", "/m", "--no-auto-tool-choice"]))
+    assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("hermes", False)
