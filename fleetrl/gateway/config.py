@@ -29,6 +29,14 @@ class GatewayConfig(BaseModel):
         None, description="Evaluator hook 'module:fn' (async fn(setup, rows) -> dict); this gateway then evaluates."
     )
     controller_address: str = Field("127.0.0.1:50050", description="HOST:PORT of the version controller.")
+    controller_ready_file: str | None = Field(
+        None,
+        description="Read the controller's address from its ready file instead, waiting up to "
+        "controller_ready_timeout_s for it (so a gateway starts while the controller does).",
+    )
+    controller_ready_timeout_s: float = Field(
+        600.0, gt=0, description="How long to wait for controller_ready_file to appear."
+    )
     gateway_id: str | None = Field(None, description="Unique id; None = gateway-<host>-<pid>.")
     max_rows_in_flight: int | None = Field(
         None,

@@ -17,6 +17,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dynamic-filter", help="'uniform' (drop equal-reward groups) or module:fn")
     parser.add_argument("--evaluation", help="evaluation hook module:fn (async fn(setup, rows) -> dict)")
     parser.add_argument("--controller", help="HOST:PORT of the controller (default 127.0.0.1:50050)")
+    parser.add_argument(
+        "--controller-ready-file", help="read the controller's address from its ready file (waits for it)"
+    )
+    parser.add_argument("--controller-ready-timeout", type=float, help="seconds to wait for that file (600)")
     parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
     parser.add_argument(
@@ -49,6 +53,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                 "dynamic_filter": args.dynamic_filter,
                 "evaluation": args.evaluation,
                 "controller_address": args.controller,
+                "controller_ready_file": args.controller_ready_file,
+                "controller_ready_timeout_s": args.controller_ready_timeout,
                 "gateway_id": args.gateway_id,
                 "max_rows_in_flight": args.max_rows_in_flight,
                 "rollout_timeout_s": args.rollout_timeout,

@@ -105,6 +105,7 @@ class Gateway:
         self._group_fn = False  # the rollout function is a group rollout (fleetrl.rollout.group_rollout)
         self._context_args: tuple[str, ...] = ()  # the context keyword arguments it declares
         self._num_rows: int | None = None  # dataset rows: row id -> (epoch, cursor_index)
+        self.controller_address = config.controller_address  # or, once run() read it, the ready file's
 
     # --- controller calls ----------------------------------------------------------------------
     async def _call(self, method: Any, request: Any) -> Any:
@@ -115,7 +116,7 @@ class Gateway:
                 return None
             if exc.code() in RETRYABLE_CODES:
                 raise ControllerLost(
-                    f"controller {self.config.controller_address} unreachable for {self.config.controller_lost_s:.0f} s"
+                    f"controller {self.controller_address} unreachable for {self.config.controller_lost_s:.0f} s"
                 ) from None
             raise
         self._last_contact = time.monotonic()
@@ -123,7 +124,15 @@ class Gateway:
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> int:
-        channel = open_channel(self.config.controller_address, self.config.auth_token)
+        if self.config.controller_ready_file:  # started beside the controller: its address once it serves
+            from fleetrl.ready_file import wait_ready_file
+
+            info = await asyncio.to_thread(
+                wait_ready_file, self.config.controller_ready_file, self.config.controller_ready_timeout_s
+            )
+            self.controller_address = str(info["address"])
+            self._last_contact = time.monotonic()
+        channel = open_channel(self.controller_address, self.config.auth_token)
         self.stub = controller_pb2_grpc.ControllerStub(channel)
         self.sampler = Sampler(
             self.tokenizer,
@@ -145,7 +154,7 @@ class Gateway:
         tasks: set[asyncio.Task[None]] = set()
         try:
             await self._register()
-            log.info("gateway %s started (controller %s)", self.gateway_id, self.config.controller_address)
+            log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
             while True:
                 for task in [t for t in tasks if t.done()]:
                     tasks.discard(task)

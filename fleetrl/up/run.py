@@ -128,32 +128,35 @@ def launch(
     gateways: list[Any] = []
     log_handler = gateway_log_handler(log_dir / "gateway.log") if objects is not None else None
     try:
+        gateway_argv = [*common, "--rollout", user_spec(up.rollout, config_path.parent), "--metrics-port", "0"]
+        gateway_argv += up.gateway_args
+        if up.dynamic_filter:
+            gateway_argv += ["--dynamic-filter", up.dynamic_filter]
+        evaluation = user_spec(up.evaluation, config_path.parent) if up.evaluation else None
+        early = objects is None and up.controller_address is None
+        if early:
+            # Gateway processes start with the stack (their imports and tokenizer load overlap its start-up) and
+            # read the controller's address from its ready file once it serves.
+            ready = sup.log_dir / "ready" / "controller.json"
+            ready.unlink(missing_ok=True)  # a previous run's (resume): never read a stale address
+            wait_s = str(3 * up.startup_timeout_s)
+            gateways += _start_gateway_processes(
+                sup,
+                [*gateway_argv, "--controller-ready-file", str(ready), "--controller-ready-timeout", wait_s],
+                up.gateways,
+                evaluation,
+            )
         if up.controller_address is None:
             with Startup(stack_size(run, up)) as startup:
                 controller = _start_stack(sup, common, run, up, resume, controller_flags, threads, startup)
         else:
             controller = None
         controller_address = up.controller_address or controller.info["address"]  # type: ignore[union-attr]
-        gateway_argv = [
-            *common,
-            "--rollout",
-            user_spec(up.rollout, config_path.parent),
-            "--controller",
-            controller_address,
-            "--metrics-port",
-            "0",
-            *up.gateway_args,
-        ]
-        if up.dynamic_filter:
-            gateway_argv += ["--dynamic-filter", up.dynamic_filter]
-        evaluation = user_spec(up.evaluation, config_path.parent) if up.evaluation else None
+        gateway_argv += ["--controller", controller_address]
         if objects is not None:  # any callable works: the gateways share this process with the user's code
             gateways += start_gateways(gateway_argv, up.gateways, evaluation, objects, log_dir, token)
-        for i in range(up.gateways if objects is None else 0):
-            args = list(gateway_argv)
-            if i == 0 and evaluation:  # one gateway evaluates held-out rows when the controller asks
-                args += ["--evaluation", evaluation]
-            gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
+        elif not early:
+            gateways += _start_gateway_processes(sup, gateway_argv, up.gateways, evaluation)
         print_services(sup.children)
         if objects is not None:
             print(f"  {up.gateways} gateway(s) in this process, log {log_dir / 'gateway.log'}", file=sys.stderr)
@@ -178,6 +181,16 @@ def launch(
         sup.stop_all(patient=stop_patience(sup.children, up.stop_timeout_s))
         if stop_requested and controller_started(sup):
             print(f"fleetrl up: stopped; `fleetrl up {config_path} --resume` continues the run", file=sys.stderr)
+
+
+def _start_gateway_processes(sup: Supervisor, argv: list[str], count: int, evaluation: str | None) -> list[Child]:
+    gateways = []
+    for i in range(count):
+        args = list(argv)
+        if i == 0 and evaluation:  # one gateway evaluates held-out rows when the controller asks
+            args += ["--evaluation", evaluation]
+        gateways.append(sup.start(f"gateway-{i}", "gateway", args, ready=False))
+    return gateways
 
 
 def controller_started(sup: Supervisor) -> bool:

@@ -123,11 +123,12 @@ class Supervisor:
                     raise ServiceFailed(peer, message) from None
 
     def stop_all(self, grace_s: float = 10.0, patient: Mapping[str, float] | None = None) -> None:
-        """Stop every live child one kind at a time, newest kind first (gateways, controller, trainer, reference,
-        inference): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]` for kinds that need longer. So the
+        """Stop every live child one kind at a time, in STOP_ORDER (gateways, controller, trainer, reference,
+        inference; other kinds after, newest first): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]` for kinds that need longer. So the
         controller finishes its step in flight while the trainer and replicas still serve, and the trainer
         checkpoints that step while the reference still answers."""
-        kinds = list(dict.fromkeys(c.kind for c in reversed(self.children)))
+        started = list(dict.fromkeys(c.kind for c in reversed(self.children)))
+        kinds = sorted(started, key=lambda k: STOP_ORDER.index(k) if k in STOP_ORDER else len(STOP_ORDER))
         for kind in kinds:
             live = [c for c in reversed(self.children) if c.kind == kind and c.poll() is None]
             for child in live:
@@ -142,6 +143,11 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, signal.SIGKILL)
                     child.process.wait(timeout=10)
+
+
+# Gateways first (no new rows), then the controller (it finishes its step in flight while the trainer and the
+# replicas still serve), the trainer (it checkpoints that step while the reference still answers), then the rest.
+STOP_ORDER = ("gateway", "controller", "trainer", "reference", "inference")
 
 
 def torchrun_argv(nproc: int, nnodes: int = 1, rdzv_endpoint: str = "", rdzv_id: str = "") -> list[str]:

@@ -2,6 +2,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fleetrl.up.supervisor import Child, Supervisor
 
 # A child that, on SIGTERM, records which of the run's children (pids.txt) are still alive, then exits.
@@ -27,9 +29,15 @@ while True:
 """
 
 
-def test_stop_all_stops_one_kind_at_a_time_newest_first(tmp_path):
+@pytest.mark.parametrize(
+    "kinds",
+    [
+        ["gateway", "inference", "trainer", "controller"],  # fleetrl up: gateway processes start with the stack
+        ["inference", "trainer", "controller", "gateway"],  # gateways after the controller (in-process, attached)
+    ],
+)
+def test_stop_all_stops_one_kind_at_a_time_gateways_first(tmp_path, kinds):
     sup = Supervisor(tmp_path)
-    kinds = ["inference", "trainer", "controller", "gateway"]  # the order fleetrl up starts them in
     for kind in kinds:
         argv = [sys.executable, "-c", SCRIPT, kind, str(tmp_path)]
         process = subprocess.Popen(argv, start_new_session=True)
