@@ -124,9 +124,9 @@ class Supervisor:
 
     def stop_all(self, grace_s: float = 10.0, patient: Mapping[str, float] | None = None) -> None:
         """Stop every live child one kind at a time, in STOP_ORDER (gateways, controller, trainer, reference,
-        inference; other kinds after, newest first): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]` for kinds that need longer. So the
-        controller finishes its step in flight while the trainer and replicas still serve, and the trainer
-        checkpoints that step while the reference still answers."""
+        inference; other kinds after, newest first): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]`
+        for kinds that need longer. So the controller finishes its step in flight while the trainer and replicas
+        still serve, and the trainer checkpoints that step while the reference still answers."""
         started = list(dict.fromkeys(c.kind for c in reversed(self.children)))
         kinds = sorted(started, key=lambda k: STOP_ORDER.index(k) if k in STOP_ORDER else len(STOP_ORDER))
         for kind in kinds:
