@@ -8,9 +8,9 @@ docs/losses.md for the formulas and their papers.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fleetrl.lazy_import import lazy_names
 from fleetrl.losses.settings import (
     AGG_MODES,
     LOG_RATIO_CLAMP,
@@ -36,12 +36,7 @@ _LAZY = {
     "tis_weights": "tis",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"fleetrl.losses.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'fleetrl.losses' has no attribute {name!r}")
-
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "AGG_MODES",

@@ -7,9 +7,9 @@ to its peers and ``relay_plan`` who fetches from whom.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fleetrl.lazy_import import lazy_names
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.relay_plan import plan_relay, relay_depth
 
@@ -31,12 +31,7 @@ _LAZY = {
     "WeightRelay": "relay",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(f"fleetrl.weights.{_LAZY[name]}"), name)
-    raise AttributeError(f"module 'fleetrl.weights' has no attribute {name!r}")
-
+__getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "Manifest",

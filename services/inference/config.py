@@ -43,6 +43,12 @@ class InferenceConfig(BaseModel):
         "--enable-auto-tool-choice; ignored without a tool_call_parser).",
     )
     host: str = Field("127.0.0.1", description="Address all endpoints bind to (loopback default).")
+    advertise_host: str | None = Field(
+        None,
+        description="Host others reach this replica at, for its registration with a controller and its weight "
+        "relay (a pod's stable name behind a NAT or a Service); None = the bound address, or this machine's "
+        "name when bound to a wildcard.",
+    )
     grpc_port: int = Field(50051, ge=0, le=65535, description="gRPC API port (0 = pick).")
     http_port: int | None = Field(
         8000, ge=0, le=65535, description="OpenAI-compatible HTTP port (0 = pick, None = off)."

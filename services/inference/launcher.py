@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="HF model directory")
     parser.add_argument("--engine", choices=["vllm", "hf"], help="inference engine (default vllm)")
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
+    parser.add_argument("--advertise-host", help="host others reach this replica (gRPC, weight relay) at")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051, 0 = pick)")
     parser.add_argument("--http-port", type=int, help="OpenAI HTTP port (default 8000, 0 = pick)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9400, 0 = pick)")
@@ -74,6 +75,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "model": args.model,
         "engine": args.engine,
         "host": args.host,
+        "advertise_host": args.advertise_host,
         "grpc_port": args.grpc_port,
         "http_port": args.http_port,
         "metrics_port": args.metrics_port,

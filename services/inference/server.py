@@ -126,7 +126,7 @@ class InferenceService(Service):
                     config.controller_address,
                     "inference",
                     member_id,
-                    advertised_address(config.host, self.grpc_port),
+                    advertised_address(config.host, self.grpc_port, config.advertise_host),
                     stop=stop,
                     auth_token=config.auth_token,
                 )
@@ -168,7 +168,7 @@ def create_server(config: InferenceConfig, engine: InferenceEngine) -> Inference
         bind_host = f"[{config.host}]" if ":" in config.host else config.host
         relay = ReplicaRelay(
             f"tcp://{bind_host}:{port}",
-            "tcp://" + advertised_address(config.host, port),
+            "tcp://" + advertised_address(config.host, port, config.advertise_host),
             timeout_s=config.relay_timeout_s,
         )
     servicer = InferenceServicer(
@@ -222,8 +222,11 @@ async def serve(config: InferenceConfig) -> int:
     return await run_service(service, ShellConfig.of(config))
 
 
-def advertised_address(host: str, port: int) -> str:
-    """The gRPC address others reach this server at: a wildcard bind is reached by this machine's name."""
-    if host in ("0.0.0.0", "::", ""):
+def advertised_address(host: str, port: int, advertise_host: str | None = None) -> str:
+    """The address others reach this server's `port` at: `advertise_host` when given, else the bound host (a
+    wildcard bind is reached by this machine's name)."""
+    if advertise_host:
+        host = advertise_host
+    elif host in ("0.0.0.0", "::", ""):
         host = socket.gethostname()
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

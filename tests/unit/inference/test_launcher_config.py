@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -87,3 +88,26 @@ def test_tool_parser_flags() -> None:
     assert config.tool_call_parser is None
     config = config_from_args(build_parser().parse_args(["--model", "/m", "--no-auto-tool-choice"]))
     assert (config.tool_call_parser, config.enable_auto_tool_choice) == ("hermes", False)
+
+
+def test_advertise_host_names_the_replica_for_its_controller_and_its_relay() -> None:
+    from fleetrl.services.inference.server import advertised_address, create_server
+    from tests.unit.inference.fakes import ScriptedEngine
+
+    argv = ["--model", "/m", "--host", "0.0.0.0", "--advertise-host", "inference-2.fleetrl-inference"]
+    config = config_from_args(build_parser().parse_args([*argv, "--grpc-port", "0", "--relay-port", "0"]))
+    assert config.advertise_host == "inference-2.fleetrl-inference"
+    assert advertised_address("0.0.0.0", 50051, config.advertise_host) == "inference-2.fleetrl-inference:50051"
+    assert advertised_address("127.0.0.1", 50051) == "127.0.0.1:50051"  # without it: the bound address
+    assert advertised_address("::1", 5573) == "[::1]:5573"
+
+    async def relay_address() -> str:  # the gRPC server and the relay belong to an event loop
+        service = create_server(config, ScriptedEngine())
+        try:
+            assert service.relay is not None
+            return service.relay.address
+        finally:
+            await service.relay.close()
+            await service.grpc_server.stop(None)
+
+    assert asyncio.run(relay_address()).startswith("tcp://inference-2.fleetrl-inference:")
