@@ -70,6 +70,13 @@ class GatewayConfig(BaseModel):
     rollout_retries: int = Field(3, ge=1, description="Attempts for a rollout failing with a recoverable error.")
     send_timeout_s: float = Field(60.0, gt=0, description="Pushing a group to the trainer fails after this.")
     rpc_timeout_s: float = Field(30.0, gt=0, description="Controller calls fail after this.")
+    lease_wait_s: float = Field(
+        0.5,
+        ge=0,
+        le=5,
+        description="With rows to spare and none leasable, the LeaseRows call is held up to this long until some "
+        "are (the controller wakes it when the gate opens), instead of polling every 0.2 s; 0 = poll.",
+    )
     controller_lost_s: float = Field(120.0, gt=0, description="Give up when the controller is unreachable this long.")
     metrics_port: int | None = Field(None, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")
     metrics_linger_s: float = Field(

@@ -156,9 +156,7 @@ class Gateway:
             await self._register()
             log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
             while True:
-                for task in [t for t in tasks if t.done()]:
-                    tasks.discard(task)
-                    task.result()  # surfaces CircuitOpenError and bugs
+                _reap(tasks)
                 heartbeat = await self._heartbeat_if_due()
                 if heartbeat is not None:
                     self._maybe_evaluate(heartbeat.evaluate_version, tasks)
@@ -168,10 +166,12 @@ class Gateway:
                 # in flight to a replica the controller fenced (hung, stopped) move to another one.
                 lease_s = 0.0
                 if want > 0 or self.sampler.wants_replicas or heartbeat is not None:
+                    # Held by the controller until rows are leasable (up to lease_wait_s), unless the replica list
+                    # is wanted now. lease_s is the call's time, a hold included: the rows' wait for the gate.
+                    wait_s = 0.0 if self.sampler.wants_replicas else self.config.lease_wait_s
+                    request = controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want, wait_s=wait_s)
                     t_lease = time.monotonic()
-                    reply = await self._call(
-                        self.stub.LeaseRows, controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want)
-                    )
+                    reply = await self._call(self.stub.LeaseRows, request)
                     lease_s = time.monotonic() - t_lease
                 if reply is not None:
                     self.sampler.set_replicas([r.address for r in reply.replicas])
@@ -184,7 +184,12 @@ class Gateway:
                         )
                     for leased in reply.rows:
                         tasks.add(asyncio.create_task(self.process_row(leased, lease_s), name=f"row-{leased.row_id}"))
-                    if reply.run_finished and not tasks:
+                    if reply.run_finished:
+                        # Nothing a task still running could produce would be used (the controller may already be
+                        # gone: it counts this reply as telling us), so do not wait for another reply.
+                        _reap(tasks)
+                        if tasks:
+                            log.warning("run finished: cancelling %d tasks still in flight", len(tasks))
                         log.info(
                             "run finished; gateway %s exits (%s, row latency p50=%.2f ms p99=%.2f ms)",
                             self.gateway_id,
@@ -192,11 +197,12 @@ class Gateway:
                             *(1000 * q for q in latency_quantiles(self.row_latencies_s, (0.5, 0.99))),
                         )
                         return 0
-                idle = reply is None or not reply.rows
+                # After a held lease call the controller says retry_after_s 0: ask again at once.
+                pause = 0.01 if reply is not None and reply.rows else _idle_pause(reply)
                 if tasks:
-                    await asyncio.wait(tasks, timeout=0.2 if idle else 0.01, return_when=asyncio.FIRST_COMPLETED)
-                else:
-                    await asyncio.sleep(max(reply.retry_after_s, 0.05) if reply is not None else 0.5)
+                    await asyncio.wait(tasks, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
+                elif pause > 0:
+                    await asyncio.sleep(pause)
         except CircuitOpenError as exc:
             log.error("gateway %s stopped: %s", self.gateway_id, exc)
             return EXIT_CIRCUIT_OPEN
@@ -463,6 +469,20 @@ class Gateway:
             log.error("rollout raised %s (logged once):\n%s", kind, "".join(traceback.format_exception(exc)))
         self.breaker.record(False, f"{kind}: {exc}", ticket=ticket)
         return exc
+
+
+def _reap(tasks: set[asyncio.Task[None]]) -> None:
+    """Drop the finished tasks, raising what one raised (CircuitOpenError, a bug)."""
+    for task in [t for t in tasks if t.done()]:
+        tasks.discard(task)
+        task.result()
+
+
+def _idle_pause(reply: Any) -> float:
+    """Seconds to wait before leasing again after a reply with no rows (None: the controller did not answer)."""
+    if reply is None:
+        return 0.5
+    return min(max(reply.retry_after_s, 0.0), 0.2)
 
 
 def _usable(result: Any) -> bool:

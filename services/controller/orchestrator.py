@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from fleetrl import metric_names as mn
+from fleetrl.controller.lease_signal import LeaseSignal
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.push_plan import PushSource, push_sources
 from fleetrl.controller.row_phases import RowPhases
@@ -88,6 +89,7 @@ class Orchestrator:
         # one at a time per replica.
         self._loading: dict[str, tuple[Member, asyncio.Task[None]]] = {}
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
+        self.lease_signal = LeaseSignal()  # wakes held LeaseRows calls (fleetrl.controller.lease_signal)
         self.finished = False
         self.error = ""
         self.last_metrics: dict[str, float] = {}
@@ -239,6 +241,7 @@ class Orchestrator:
             await self.poll_members()
             self.release_dead_gateways()
             self.scheduler.expire(self.clock())
+            self.lease_signal.notify()
             await asyncio.sleep(self.heartbeat_interval_s)
 
     async def wait_for_members(self) -> None:
@@ -289,9 +292,11 @@ class Orchestrator:
         try:
             await self.wait_for_members()
             self.started = True
+            self.lease_signal.notify()
             if self.evaluation:
                 await self.evaluate(self.scheduler.gate.version, wait=True)
                 self.hold_leases = False
+                self.lease_signal.notify()
             log.info("run started: version %d, %s", self.scheduler.gate.version, self.scheduler.snapshot())
             while not self.stop_requested:
                 if poller.done():
@@ -305,6 +310,7 @@ class Orchestrator:
                         await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
                     except TimeoutError:
                         self.scheduler.expire(self.clock())
+                        self.lease_signal.notify()
                     self.check_stalled()
                     continue
                 await self.train_and_publish(step)
@@ -324,6 +330,7 @@ class Orchestrator:
             raise
         finally:
             self.finished = True
+            self.lease_signal.notify()
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
             await self._cancel_loads()
@@ -372,6 +379,7 @@ class Orchestrator:
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
             self.scheduler.publish(reply.version)
+        self.lease_signal.notify()  # the gate may have opened: held LeaseRows calls lease now
         t_end = self.clock()
         self._last_step_end = t_end
         self.last_progress = t_end
@@ -506,6 +514,7 @@ class Orchestrator:
         after the controller, checkpoints it, so `--resume` loses nothing."""
         self.stop_requested = True
         self.wakeup.set()
+        self.lease_signal.notify()
 
     def check_trained(self) -> None:
         """A run that updated the weights in no step fails, saying why, instead of having the trainer export the
@@ -595,6 +604,7 @@ class Orchestrator:
         if count:
             self.last_progress = now
         self.wakeup.set()
+        self.lease_signal.notify()  # a failed row goes back to the queue
 
     def told_if_finished(self, member_id: str) -> None:
         """A reply to `member_id` is about to say whether the run finished: remember those told it has."""

@@ -3,6 +3,7 @@ registry and orchestrator calls, and their answers back to wire messages."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -15,6 +16,10 @@ from fleetrl.gateway.assembly import DROP_REASONS
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
+MAX_LEASE_WAIT_S = 5.0
+"""The longest a LeaseRows call is held (`LeaseRowsRequest.wait_s` is capped to it)."""
+LEASE_RECHECK_S = 0.05
+"""A held LeaseRows call tries to lease again at least this often, notified or not."""
 KIND_NAMES = {
     controller_pb2.GATEWAY: "gateway",
     controller_pb2.INFERENCE: "inference",
@@ -77,12 +82,19 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "LeaseRows: gateway_id must be set")
         if not self.members.heartbeat(request.gateway_id, now):
             self.members.register("gateway", request.gateway_id, "", now)
-        replicas = self.members.routable_replicas(now)
-        leases = (
-            self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
-            if replicas and self.orchestrator.leasing_open()
-            else []
-        )
+        replicas, leases = self._lease(request, now)
+        waited = False
+        if not leases and request.max_rows > 0 and request.wait_s > 0:
+            # Held until rows may be leasable (the gate opened, rows requeued, the run ended) or wait_s passed,
+            # re-checking every LEASE_RECHECK_S for changes nobody signals (fleetrl.controller.lease_signal).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + min(request.wait_s, MAX_LEASE_WAIT_S)
+            while not leases and not self.orchestrator.finished and (left := deadline - loop.time()) > 0:
+                await self.orchestrator.lease_signal.wait(min(left, LEASE_RECHECK_S))
+                now = self.clock()
+                replicas, leases = self._lease(request, now)
+            self.members.heartbeat(request.gateway_id, now)
+            waited = True
         trainers = self.members.alive("trainer", now)
         self.orchestrator.told_if_finished(request.gateway_id)
         return controller_pb2.LeaseRowsResponse(
@@ -98,7 +110,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 for lease in leases
             ],
             run_finished=self.orchestrator.finished,  # not when the data is used up: a final evaluation may follow
-            retry_after_s=0.0 if leases else 0.2,
+            retry_after_s=0.0 if leases or (waited and not self.orchestrator.finished) else 0.2,
             replicas=[
                 controller_pb2.Replica(member_id=m.member_id, address=m.address, version=m.version) for m in replicas
             ],
@@ -106,6 +118,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             version=self.scheduler.gate.version,
             evaluate_version=self.orchestrator.evaluate_version,
         )
+
+    def _lease(self, request: controller_pb2.LeaseRowsRequest, now: float) -> tuple[list, list]:
+        """The routable replicas, and the rows leased to the gateway now (none while leasing is closed)."""
+        replicas = self.members.routable_replicas(now)
+        if not (replicas and self.orchestrator.leasing_open()):
+            return replicas, []
+        return replicas, self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
 
     async def ReportRows(
         self, request: controller_pb2.ReportRowsRequest, context: grpc.aio.ServicerContext

@@ -1,0 +1,77 @@
+"""The gateway's held lease calls (issue 19): it asks the controller to hold LeaseRows until rows are leasable
+(`lease_wait_s`), and a reply saying the run finished ends it even when that reply came back while its last rows
+were finishing: the controller counts that reply as having told the gateway and may be gone by the next call.
+
+A real gRPC controller stand-in on loopback: the first lease gives one row; the next call (held, as a real
+controller holds it) answers run_finished once the row is reported, and the server then stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+
+from fleetrl import Config, RolloutSample
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.worker import Gateway
+from fleetrl.v1 import controller_pb2, controller_pb2_grpc
+
+
+class Controller(controller_pb2_grpc.ControllerServicer):
+    def __init__(self) -> None:
+        self.requests: list[controller_pb2.LeaseRowsRequest] = []
+        self.reported = asyncio.Event()
+        self.told = asyncio.Event()
+
+    async def Register(self, request, context):
+        return controller_pb2.RegisterResponse(heartbeat_interval_s=2.0, run_id="r")
+
+    async def Heartbeat(self, request, context):
+        return controller_pb2.HeartbeatResponse(known=True)
+
+    async def LeaseRows(self, request, context):
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            row = controller_pb2.LeasedRow(row_id=0, submit_version=0, row_json=json.dumps({"q": 1}), attempt=1)
+            return controller_pb2.LeaseRowsResponse(rows=[row], replicas=[controller_pb2.Replica(address="x:1")])
+        await asyncio.wait_for(self.reported.wait(), 10.0)  # held until the row's outcome is in, then: finished
+        self.told.set()
+        return controller_pb2.LeaseRowsResponse(run_finished=True, retry_after_s=0.2)
+
+    async def ReportRows(self, request, context):
+        await asyncio.sleep(0.05)  # the row's task is still running when the held call answers
+        self.reported.set()
+        return controller_pb2.ReportRowsResponse(results=["failed"])
+
+
+def make_rollout_fn(setup):
+    async def rollout(row):
+        return RolloutSample(tokens=[1, 2], logprobs=[0.0, -0.5], loss_mask=[0, 1], reward=1.0, versions=[0, 0])
+
+    return rollout
+
+
+async def test_the_gateway_holds_its_lease_calls_and_exits_on_the_finished_reply_alone():
+    controller = Controller()
+    server = grpc.aio.server()
+    controller_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
+    config = GatewayConfig(run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", lease_wait_s=0.5)
+    gateway = Gateway(config, rollout_factory=make_rollout_fn)
+
+    async def stop_once_told():
+        await controller.told.wait()
+        await server.stop(grace=0.5)  # as the real controller does once every gateway was told
+
+    stopper = asyncio.create_task(stop_once_told())
+    try:
+        assert await asyncio.wait_for(gateway.run(), 20.0) == 0  # before: retried a gone controller for 120 s
+    finally:
+        await stopper
+        await server.stop(None)
+    assert [r.wait_s for r in controller.requests] == [0.5, 0.5]
+    assert gateway.counters["rows_done"] == 1
