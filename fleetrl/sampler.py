@@ -21,6 +21,8 @@ tried `max_attempts` times at most.
 
 A call without a `seed` (in its arguments or the run's sample_kwargs) made inside a gateway rollout is seeded from
 the rollout (run seed, row, version, sample index, call index: fleetrl.sampling_seed); elsewhere it is unseeded.
+Seeded calls of one prompt and settings made together (a row's G rollouts) go to the replica as one request with a
+seed per completion (fleetrl.sampler_coalesce): one prefill and one gRPC call instead of G, the same tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import grpc
 
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.clients.inference_types import SamplingRequest
+from fleetrl.sampler_coalesce import RequestCoalescer
 from fleetrl.sampling_seed import next_rollout_seed
 
 log = logging.getLogger(__name__)
@@ -165,6 +168,7 @@ class Sampler:
         backoff_s: float = 0.2,
         replica_wait_s: float = 300.0,
         default_kwargs: dict[str, Any] | None = None,
+        coalesce: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.auth_token = auth_token
@@ -177,6 +181,8 @@ class Sampler:
         self._in_flight: dict[str, int] = {}
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}  # calls in flight per replica
         self._routable: list[str] = []
+        # Seeded calls of one prompt made together go out as one request (fleetrl.sampler_coalesce).
+        self.coalescer = RequestCoalescer(self.generate) if coalesce else None
         self.calls = 0
         self.retries = 0
         self.wants_replicas = False  # a call found no replica to try since the last set_replicas: refresh the list
@@ -285,7 +291,7 @@ class Sampler:
         if params:
             raise TypeError(f"unknown sampling arguments: {sorted(params)}")
         prompt = list(prompt_token_ids)
-        call = self.generate(request)
+        call = self.generate(request) if self.coalescer is None else self.coalescer.generate(request)
         completions = await (call if timeout_s is None else asyncio.wait_for(call, timeout=timeout_s))
         out = []
         for c in completions:

@@ -23,6 +23,7 @@ def request_to_proto(request: SamplingRequest, request_id: str = "") -> inferenc
         seed=request.seed,
         ignore_eos=request.ignore_eos,
         request_id=request_id,
+        seeds=list(request.seeds),
     )
 
 
@@ -38,6 +39,7 @@ def request_from_proto(msg: inference_pb2.GenerateRequest) -> SamplingRequest:
         stop_token_ids=tuple(msg.stop_token_ids),
         seed=msg.seed if msg.HasField("seed") else None,
         ignore_eos=msg.ignore_eos,
+        seeds=tuple(msg.seeds),
     )
 
 

@@ -39,6 +39,13 @@ class SamplingRequest:
     stop_token_ids: tuple[int, ...] = ()  # the tokenizer's eos is always a stop token as well
     seed: int | None = None  # completion i of a seeded request uses seed + i
     ignore_eos: bool = False  # keep generating past eos (benchmarks want fixed lengths)
+    seeds: tuple[int, ...] = ()  # instead of seed: one per completion, completion i uses seeds[i]
+
+    def sequence_seed(self, i: int) -> int | None:
+        """The seed of completion `i` (None: unseeded)."""
+        if self.seeds:
+            return self.seeds[i]
+        return None if self.seed is None else self.seed + i
 
     def validate(self, vocab_size: int | None = None, max_model_len: int | None = None) -> None:
         """Raise ValueError naming the offending field."""
@@ -70,6 +77,13 @@ class SamplingRequest:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.seed is not None and not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be in [0, 2**63), got {self.seed}")
+        if self.seeds:
+            if self.seed is not None:
+                raise ValueError("set seed or seeds, not both")
+            if len(self.seeds) != self.n:
+                raise ValueError(f"seeds must hold one seed per completion (n = {self.n}), got {len(self.seeds)}")
+            if not all(0 <= s < 2**63 for s in self.seeds):
+                raise ValueError(f"every seed must be in [0, 2**63), got {list(self.seeds)[:5]}")
 
 
 @dataclass

@@ -6,8 +6,8 @@ Not a substitute for vLLM, but the same API and semantics (one conformance suite
   copied n times), then decode one token for every active sequence per step in a single batched forward.
 - The batch shares one left-padded KV cache (transformers DynamicCache) with a 2-D attention mask and explicit
   position ids; finished sequences are dropped from it and all-padding leading columns trimmed.
-- Each sequence samples with its own torch.Generator (seed + index when seeded), so a seeded request gives the
-  same tokens whatever else is in the batch. Logprobs are those of the processed distribution (sampling.py).
+- Each sequence samples with its own torch.Generator (seed + index, or its own of `seeds`, when seeded), so a
+  seeded request gives the same tokens whatever else is in the batch. Logprobs are those of the processed distribution (sampling.py).
 - Weight loads fetch and verify while generation continues; the worker swaps the tensors in between two decode
   steps (the pause), then recomputes the KV cache of in-flight sequences with the new weights. Tokens sampled
   after the swap record the new version and come from exactly that version's forward.
@@ -187,7 +187,9 @@ class HFEngine(InferenceEngine):
         if not request.ignore_eos:
             stop_ids |= self._eos_ids
         for i in range(request.n):
-            seed = self._rng.getrandbits(63) if request.seed is None else request.seed + i
+            seed = request.sequence_seed(i)
+            if seed is None:
+                seed = self._rng.getrandbits(63)
             gen = torch.Generator().manual_seed(seed)
             group.seqs.append(_Seq(group=group, generator=gen, stop_ids=stop_ids))
         group.remaining = request.n

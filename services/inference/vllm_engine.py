@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -255,7 +256,7 @@ class VLLMEngine(InferenceEngine):
                 top_k=request.top_k,  # 0 is vLLM's "off" as well
                 stop_token_ids=list(request.stop_token_ids),
                 ignore_eos=request.ignore_eos,
-                seed=request.seed,  # vLLM gives completion i seed + i, as the interface says
+                seed=request.sequence_seed(0),  # vLLM gives completion i seed + i, as the interface says
                 logprobs=0,  # the sampled token's logprob only
                 detokenize=False,
                 skip_special_tokens=False,
@@ -269,6 +270,18 @@ class VLLMEngine(InferenceEngine):
 
         llm = self._check_serving()
         request.validate(self._vocab_size, self._max_model_len)
+        if request.n > 1 and request.seeds:  # one vLLM request per seed: vLLM seeds completion i with seed + i
+            calls = [
+                asyncio.ensure_future(self.generate(dataclasses.replace(request, n=1, seeds=(seed,))))
+                for seed in request.seeds
+            ]
+            try:
+                parts = await asyncio.gather(*calls)
+            except BaseException:
+                for call in calls:
+                    call.cancel()
+                raise
+            return [completion for part in parts for completion in part]
         params = self.sampling_params(request)
         (prompt,) = await llm.renderer.render_cmpl_async(
             [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))]
