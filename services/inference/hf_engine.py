@@ -7,7 +7,8 @@ Not a substitute for vLLM, but the same API and semantics (one conformance suite
 - The batch shares one left-padded KV cache (transformers DynamicCache) with a 2-D attention mask and explicit
   position ids; finished sequences are dropped from it and all-padding leading columns trimmed.
 - Each sequence samples with its own torch.Generator (seed + index, or its own of `seeds`, when seeded), so a
-  seeded request gives the same tokens whatever else is in the batch. Logprobs are those of the processed distribution (sampling.py).
+  seeded request gives the same tokens whatever else is in the batch. Logprobs are those of the processed
+  distribution (sampling.py).
 - Weight loads fetch and verify while generation continues; the worker swaps the tensors in between two decode
   steps (the pause), then recomputes the KV cache of in-flight sequences with the new weights. Tokens sampled
   after the swap record the new version and come from exactly that version's forward.

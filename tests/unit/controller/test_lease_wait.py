@@ -71,7 +71,7 @@ async def test_a_held_call_sees_an_unsignalled_change_at_the_next_recheck(tmp_pa
 
 
 async def test_a_held_call_with_nothing_leasable_answers_empty_after_wait_s_and_says_ask_again(tmp_path):
-    servicer, orch = make(tmp_path)
+    servicer, _ = make(tmp_path)
     started = time.monotonic()
     reply = await asyncio.wait_for(servicer.LeaseRows(request(wait_s=0.15), Context()), 5.0)
     assert time.monotonic() - started >= 0.15
@@ -93,20 +93,20 @@ async def test_the_run_finishing_answers_a_held_call_at_once(tmp_path, monkeypat
 
 @pytest.mark.parametrize("wait_s", [0.0, -1.0, float("nan")])
 async def test_no_wait_or_a_bad_wait_answers_at_once_as_before(tmp_path, wait_s):
-    servicer, orch = make(tmp_path)
+    servicer, _ = make(tmp_path)
     reply = await asyncio.wait_for(servicer.LeaseRows(request(wait_s=wait_s), Context()), 1.0)
     assert list(reply.rows) == [] and reply.retry_after_s > 0
 
 
 async def test_a_call_asking_for_no_rows_is_never_held(tmp_path):
-    servicer, orch = make(tmp_path)
+    servicer, _ = make(tmp_path)
     reply = await asyncio.wait_for(servicer.LeaseRows(request(wait_s=5.0, max_rows=0), Context()), 1.0)
     assert list(reply.rows) == []
 
 
 async def test_wait_s_is_capped(tmp_path, monkeypatch):
     monkeypatch.setattr(servicer_module, "MAX_LEASE_WAIT_S", 0.1)
-    servicer, orch = make(tmp_path)
+    servicer, _ = make(tmp_path)
     reply = await asyncio.wait_for(servicer.LeaseRows(request(wait_s=float("inf")), Context()), 2.0)
     assert list(reply.rows) == []
 
