@@ -160,6 +160,27 @@ async def check_seeded_determinism(engine: InferenceEngine, model_dir: str) -> N
     assert [c.token_ids for c in other] != [c.token_ids for c in a]
 
 
+async def check_seeds_per_completion(engine: InferenceEngine, model_dir: str) -> None:
+    """A request with `seeds` samples completion i exactly as a request of its own seeded with seeds[i] (what the
+    sampler's merging of a row's n = 1 calls relies on); a seed repeated gives the same completion twice."""
+    seeds = (11, 900_001, 11, 2**62)
+    merged = await engine.generate(SamplingRequest(PROMPTS[0], n=4, max_tokens=12, temperature=0.9, seeds=seeds))
+    alone = [
+        (await engine.generate(SamplingRequest(PROMPTS[0], max_tokens=12, temperature=0.9, seed=s)))[0] for s in seeds
+    ]
+    assert [c.token_ids for c in merged] == [c.token_ids for c in alone]
+    for x, y in zip(merged, alone, strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    assert merged[0].token_ids == merged[2].token_ids and merged[0].token_ids != merged[1].token_ids
+    for bad, field_name in [((1, 2), "seeds"), ((1, 2, 3, -1), "seed")]:
+        try:
+            await engine.generate(SamplingRequest(PROMPTS[0], n=4, max_tokens=4, seeds=bad))
+        except ValueError as exc:
+            assert field_name in str(exc), f"error does not name {field_name}: {exc}"
+        else:
+            raise AssertionError(f"bad seeds {bad} were accepted")
+
+
 async def check_versions_per_token(engine: InferenceEngine, model_dir: str) -> None:
     version = engine.loaded_version
     for c in await engine.generate(SamplingRequest(PROMPTS[0], n=2, max_tokens=10)):

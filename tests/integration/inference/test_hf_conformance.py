@@ -51,6 +51,10 @@ async def test_seeded_determinism(engine, tiny_model_dir):
     await conformance.check_seeded_determinism(engine, tiny_model_dir)
 
 
+async def test_seeds_give_each_completion_its_own_seed(engine, tiny_model_dir):
+    await conformance.check_seeds_per_completion(engine, tiny_model_dir)
+
+
 async def test_versions_per_token(engine, tiny_model_dir):
     await conformance.check_versions_per_token(engine, tiny_model_dir)
 

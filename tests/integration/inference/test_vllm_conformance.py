@@ -48,6 +48,10 @@ async def test_seeded_determinism(vllm_engine, tiny_model_dir):
     await conformance.check_seeded_determinism(vllm_engine, tiny_model_dir)
 
 
+async def test_seeds_give_each_completion_its_own_seed(vllm_engine, tiny_model_dir):
+    await conformance.check_seeds_per_completion(vllm_engine, tiny_model_dir)
+
+
 async def test_versions_per_token(vllm_engine, tiny_model_dir):
     await conformance.check_versions_per_token(vllm_engine, tiny_model_dir)
 
