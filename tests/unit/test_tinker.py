@@ -35,7 +35,8 @@ class ScriptedSampler(Sampler):
         self.requests.append(request)
         if self.fail_with is not None:
             raise self.fail_with
-        return [Completion([0, 1, 2, 3], [-0.25] * 4, "length", len(request.prompt_token_ids), [2] * 4)]
+        prompt_len = len(request.prompt_token_ids)
+        return [Completion([0, 1, 2, 3], [-0.25] * 4, "length", prompt_len, [2] * 4) for _ in range(request.n)]
 
 
 @dataclass
@@ -177,7 +178,7 @@ async def test_the_gateway_runs_one_builder_per_row_with_seeds_per_member():
     await gateway.process_row(controller_pb2.LeasedRow(row_id=2, submit_version=0, attempt=1, row_json='{"n": 3}'))
     assert len(builders) == 1 and builders[0].calls == [3]
     assert list(gateway.stub.reports[0].rewards) == [4.0, 2.0, 2.0]
-    seeds = [r.seed for r in sampler.requests]
+    seeds = [r.sequence_seed(i) for r in sampler.requests for i in range(r.n)]  # merged calls carry `seeds`
     assert len(set(seeds)) == 6 and None not in seeds  # 3 members x 2 turns, each call its own seed
 
 
