@@ -13,25 +13,37 @@ import asyncio
 
 
 class LeaseSignal:
-    """One-shot wake-ups for every current waiter (a fresh event per notification)."""
+    """One-shot wake-ups for every current waiter."""
 
     def __init__(self) -> None:
-        self._event = asyncio.Event()
+        self._waiters: set[asyncio.Future] = set()
         self.notifications = 0
 
     def notify(self) -> None:
         """Something that may make rows leasable changed: wake every waiter."""
         self.notifications += 1
-        self._event.set()
-        self._event = asyncio.Event()
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(True)
+        self._waiters.clear()
 
     async def wait(self, timeout_s: float) -> bool:
-        """Wait for the next `notify` up to `timeout_s`; True if notified."""
-        if timeout_s <= 0:
+        """Wait for the next `notify` up to `timeout_s`; True if notified. A plain future and a timer, so a waiter
+        runs on the loop's next turn after `notify` (no inner task to wake first)."""
+        if not timeout_s > 0:
             return False
-        event = self._event
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        self._waiters.add(waiter)
+        timer = loop.call_later(timeout_s, lambda: waiter.done() or waiter.set_result(False))
         try:
-            await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
+
+    @staticmethod
+    async def yield_to_waiters() -> None:
+        """Let woken waiters answer before the caller goes on with synchronous work (a few loop turns)."""
+        for _ in range(3):
+            await asyncio.sleep(0)

@@ -157,6 +157,10 @@ class RowScheduler:
         """Requeue every row whose lease deadline has passed."""
         return self._requeue_leases([rid for rid, lease in self.leases.items() if lease.deadline <= now])
 
+    def leased_to(self, gateway_id: str) -> int:
+        """Rows leased to `gateway_id` and not reported yet."""
+        return sum(1 for lease in self.leases.values() if lease.gateway_id == gateway_id)
+
     def release_gateway(self, gateway_id: str) -> list[int]:
         """A gateway is dead (missed heartbeats): requeue its rows now instead of waiting for their deadlines."""
         return self._requeue_leases([rid for rid, lease in self.leases.items() if lease.gateway_id == gateway_id])

@@ -169,7 +169,12 @@ class Gateway:
                     # Held by the controller until rows are leasable (up to lease_wait_s), unless the replica list
                     # is wanted now. lease_s is the call's time, a hold included: the rows' wait for the gate.
                     wait_s = 0.0 if self.sampler.wants_replicas else self.config.lease_wait_s
-                    request = controller_pb2.LeaseRowsRequest(gateway_id=self.gateway_id, max_rows=want, wait_s=wait_s)
+                    request = controller_pb2.LeaseRowsRequest(
+                        gateway_id=self.gateway_id,
+                        max_rows=want,
+                        wait_s=wait_s,
+                        max_leased=self.config.rows_in_flight,  # a held call leases what is free when it wakes
+                    )
                     t_lease = time.monotonic()
                     reply = await self._call(self.stub.LeaseRows, request)
                     lease_s = time.monotonic() - t_lease
@@ -197,8 +202,10 @@ class Gateway:
                             *(1000 * q for q in latency_quantiles(self.row_latencies_s, (0.5, 0.99))),
                         )
                         return 0
-                # After a held lease call the controller says retry_after_s 0: ask again at once.
-                pause = 0.01 if reply is not None and reply.rows else _idle_pause(reply)
+                # Rows came: fill the rest of the capacity at once (a held call that woke when the gate opened leased
+                # what the gateway could take then). After a held call with none the controller says retry_after_s
+                # 0: ask again at once (it holds the next call).
+                pause = 0.0 if reply is not None and reply.rows else _idle_pause(reply)
                 if tasks:
                     await asyncio.wait(tasks, timeout=pause, return_when=asyncio.FIRST_COMPLETED)
                 elif pause > 0:

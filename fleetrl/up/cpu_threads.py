@@ -6,6 +6,11 @@ on a 2-core machine one async run measured the trainer's forward/backward 9x slo
 user set OMP_NUM_THREADS, each compute process gets its share through OMP_NUM_THREADS: half the cores to the
 trainer (split across its ranks), the other half to the hf replicas and the reference, at least one each; the
 controller and gateways (I/O-bound) get one. vLLM replicas bind their own threads and are left alone.
+
+A strictly on-policy run (O = 0) without a reference model never trains while a replica samples: the replicas
+sample a step's rollouts, then the trainer trains on them, then the next rollouts start from the new weights. Its
+trainer gets every core (`on_policy`); the replicas keep their share, since they sample while the gateways and
+the controller work.
 """
 
 from __future__ import annotations
@@ -33,14 +38,19 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
-def plan_threads(cpus: int, *, trainer_procs: int, hf_replicas: int, reference: bool) -> ThreadPlan:
-    """Each compute process's OMP_NUM_THREADS for `cpus` cores."""
+def plan_threads(
+    cpus: int, *, trainer_procs: int, hf_replicas: int, reference: bool, on_policy: bool = False
+) -> ThreadPlan:
+    """Each compute process's OMP_NUM_THREADS for `cpus` cores (`on_policy`: O = 0, so training and sampling
+    take turns)."""
     if cpus < 1 or trainer_procs < 1 or hf_replicas < 0:
         raise ValueError(f"bad layout: cpus={cpus}, trainer_procs={trainer_procs}, hf_replicas={hf_replicas}")
     sharers = hf_replicas + int(reference)
     trainer_share = cpus // 2 if sharers else cpus
     rest = cpus - trainer_share
     per_sharer = max(1, rest // sharers) if sharers else 1
+    if on_policy and not reference:  # the replicas keep their share; the trainer runs while they wait
+        trainer_share = cpus
     return ThreadPlan(
         trainer=max(1, trainer_share // trainer_procs),
         inference=per_sharer,

@@ -226,7 +226,11 @@ def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
         return None
     hf_replicas = up.replicas if up.engine == "hf" else 0
     return plan_threads(
-        available_cpus(), trainer_procs=up.trainer_ranks, hf_replicas=hf_replicas, reference=needs_reference(run)
+        available_cpus(),
+        trainer_procs=up.trainer_ranks,
+        hf_replicas=hf_replicas,
+        reference=needs_reference(run),
+        on_policy=run.max_head_offpolicy_versions == 0,
     )
 
 

@@ -66,14 +66,16 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., run_finished: _Optional[bool] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
 
 class LeaseRowsRequest(_message.Message):
-    __slots__ = ("gateway_id", "max_rows", "wait_s")
+    __slots__ = ("gateway_id", "max_rows", "wait_s", "max_leased")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEASED_FIELD_NUMBER: _ClassVar[int]
     gateway_id: str
     max_rows: int
     wait_s: float
-    def __init__(self, gateway_id: _Optional[str] = ..., max_rows: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    max_leased: int
+    def __init__(self, gateway_id: _Optional[str] = ..., max_rows: _Optional[int] = ..., wait_s: _Optional[float] = ..., max_leased: _Optional[int] = ...) -> None: ...
 
 class LeasedRow(_message.Message):
     __slots__ = ("row_id", "submit_version", "lease_deadline_unix_s", "row_json", "attempt", "lease_tag")

@@ -379,7 +379,8 @@ class Orchestrator:
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
             self.scheduler.publish(reply.version)
-        self.lease_signal.notify()  # the gate may have opened: held LeaseRows calls lease now
+        self.lease_signal.notify()  # the gate may have opened: held LeaseRows calls lease now,
+        await self.lease_signal.yield_to_waiters()  # before this step's metrics are written
         t_end = self.clock()
         self._last_step_end = t_end
         self.last_progress = t_end

@@ -120,11 +120,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         )
 
     def _lease(self, request: controller_pb2.LeaseRowsRequest, now: float) -> tuple[list, list]:
-        """The routable replicas, and the rows leased to the gateway now (none while leasing is closed)."""
+        """The routable replicas, and the rows leased to the gateway now (none while leasing is closed): max_rows,
+        or more when its capacity (max_leased) minus the rows still leased to it is more."""
         replicas = self.members.routable_replicas(now)
         if not (replicas and self.orchestrator.leasing_open()):
             return replicas, []
-        return replicas, self.scheduler.lease(request.gateway_id, max(request.max_rows, 0), now)
+        count = max(request.max_rows, 0)
+        if request.max_leased > 0:
+            count = max(count, request.max_leased - self.scheduler.leased_to(request.gateway_id))
+        return replicas, self.scheduler.lease(request.gateway_id, count, now)
 
     async def ReportRows(
         self, request: controller_pb2.ReportRowsRequest, context: grpc.aio.ServicerContext

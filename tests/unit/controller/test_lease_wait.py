@@ -119,3 +119,20 @@ async def test_lease_signal_wakes_every_current_waiter_once():
     assert await asyncio.wait_for(asyncio.gather(*waiters), 1.0) == [True, True, True]
     assert await signal.wait(0.01) is False  # a later waiter waits for the next notification
     assert await signal.wait(0) is False
+
+
+async def test_max_leased_leases_the_gateways_free_capacity_when_the_call_is_answered(tmp_path):
+    """A call asking for 1 row with capacity 4 gets 4 once its earlier rows were reported: a held call that wakes
+    when the gate opens leases what the gateway can take then, not what it could take when it asked."""
+    servicer, orch = make(tmp_path)
+    orch.started = True
+    first = await servicer.LeaseRows(request(wait_s=0.0, max_rows=2), Context())
+    assert len(first.rows) == 2 and servicer.scheduler.leased_to("gw") == 2
+    capped = controller_pb2.LeaseRowsRequest(gateway_id="gw", max_rows=1, max_leased=3)
+    assert len((await servicer.LeaseRows(capped, Context())).rows) == 1  # 3 - 2 still leased
+    for row in first.rows:
+        servicer.scheduler.report(row.row_id, "failed", NOW, "gw", 0, row.attempt)  # requeued: the gate has room
+    assert servicer.scheduler.leased_to("gw") == 1
+    again = controller_pb2.LeaseRowsRequest(gateway_id="gw", max_rows=1, max_leased=3)
+    assert len((await servicer.LeaseRows(again, Context())).rows) == 2  # 3 - 1
+    assert servicer.scheduler.leased_to("other") == 0

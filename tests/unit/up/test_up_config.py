@@ -84,3 +84,18 @@ def test_cpu_threads_are_shared_between_compute_services(cpus, procs, replicas, 
     assert (plan.trainer, plan.inference, plan.reference) == expected and plan.light == 1
     assert plan.env("trainer") == {"OMP_NUM_THREADS": str(expected[0])}
     assert plan.env("light") == {"OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.parametrize(
+    ("cpus", "procs", "replicas", "reference", "expected"),
+    [
+        (2, 1, 1, False, (2, 1, 1)),  # O = 0: training and sampling take turns, the trainer gets both cores
+        (16, 2, 1, False, (8, 8, 8)),
+        (2, 1, 1, True, (1, 1, 1)),  # the reference scores groups while rollouts run: shared as before
+    ],
+)
+def test_a_strictly_on_policy_trainer_gets_every_core(cpus, procs, replicas, reference, expected):
+    from fleetrl.up.cpu_threads import plan_threads
+
+    plan = plan_threads(cpus, trainer_procs=procs, hf_replicas=replicas, reference=reference, on_policy=True)
+    assert (plan.trainer, plan.inference, plan.reference) == expected
