@@ -1,0 +1,69 @@
+"""The controller's exit waits only until every live gateway has been told the run finished
+(`Orchestrator.wait_gateways_told`), never longer than its timeout, so no gateway is left retrying a controller
+that is gone and no exit waits a second for nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fleetrl import Config
+from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.scheduler import RowScheduler
+from fleetrl.gate import OffPolicyGate
+from fleetrl.services.controller.config import ControllerConfig
+from fleetrl.services.controller.orchestrator import Orchestrator
+from fleetrl.services.controller.servicer import ControllerServicer
+from fleetrl.v1 import controller_pb2
+
+
+def make(tmp_path, gateways: list[str]) -> tuple[ControllerServicer, Orchestrator]:
+    now = time.time()
+    scheduler = RowScheduler(
+        DatasetCursor([{"q": i} for i in range(4)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
+    )
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    for gateway in gateways:
+        members.register("gateway", gateway, "", now)
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl")
+    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl")
+    servicer = ControllerServicer(scheduler, members, orch, run_id="r", heartbeat_interval_s=2.0)
+    return servicer, orch
+
+
+class Context:
+    async def abort(self, code, details):
+        raise AssertionError(f"aborted: {code} {details}")
+
+
+async def test_the_wait_ends_once_every_live_gateway_was_told(tmp_path):
+    servicer, orch = make(tmp_path, ["a", "b"])
+    orch.finished = True
+    waiting = asyncio.create_task(orch.wait_gateways_told(timeout_s=30.0))
+    await servicer.LeaseRows(controller_pb2.LeaseRowsRequest(gateway_id="a", max_rows=1), Context())
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # b has not heard yet
+    await servicer.Heartbeat(controller_pb2.HeartbeatRequest(member_id="b"), Context())
+    await asyncio.wait_for(waiting, 5.0)
+    assert orch.told_finished == {"a", "b"}
+
+
+async def test_a_reply_before_the_run_finished_tells_nobody(tmp_path):
+    servicer, orch = make(tmp_path, ["a"])
+    await servicer.LeaseRows(controller_pb2.LeaseRowsRequest(gateway_id="a", max_rows=1), Context())
+    assert orch.told_finished == set()
+
+
+async def test_the_wait_gives_up_at_its_timeout(tmp_path):
+    _, orch = make(tmp_path, ["silent"])
+    orch.finished = True
+    started = time.monotonic()
+    await asyncio.wait_for(orch.wait_gateways_told(timeout_s=0.2), 5.0)
+    assert time.monotonic() - started >= 0.2 and orch.told_finished == set()
+
+
+async def test_no_live_gateway_means_no_wait(tmp_path):
+    _, orch = make(tmp_path, [])
+    orch.finished = True
+    await asyncio.wait_for(orch.wait_gateways_told(timeout_s=30.0), 1.0)
