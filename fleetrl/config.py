@@ -43,6 +43,12 @@ class Config(BaseModel):
         None, description="Where the final policy is exported in HF format; None = log_path/final."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Trainer weight dtype.")
+    inference_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="The dtype the inference replicas serve, and so the dtype weights travel in (the trainer casts "
+        "floating tensors when it publishes: bfloat16 halves the bytes of a float32 trainer's push); None = dtype. "
+        "`fleetrl up` starts its replicas with it.",
+    )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
 
     # --- LoRA (docs/guide.md "LoRA"; needs the `lora` extra: peft) ---

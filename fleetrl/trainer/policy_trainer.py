@@ -536,11 +536,14 @@ class PolicyTrainer:
         checksum = ""
         if self.adapter_config is not None:
             # Only the adapter travels: the replicas keep the base weights they started with.
-            state_dict = lora.adapter_state_dict(self.model, self.ctx, dtype=torch_dtype(self.cfg.dtype))
+            dtype = torch_dtype(self.cfg.inference_dtype or self.cfg.dtype)
+            state_dict = lora.adapter_state_dict(self.model, self.ctx, dtype=dtype)
             sink_kwargs: dict[str, Any] = {"adapter": self.adapter_config}
         else:
             state_dict = fdist.full_state_dict(self.model, self.ctx)
             sink_kwargs = {}
+            if self.cfg.inference_dtype not in (None, self.cfg.dtype):  # cast in the publisher's snapshot copy
+                sink_kwargs["float_dtype"] = torch_dtype(self.cfg.inference_dtype)
         if self.ctx.is_main and self.weight_sink is not None:
             manifest = self.weight_sink(self.version, state_dict, **sink_kwargs)
             checksum = str(getattr(manifest, "checksum", "") or "")

@@ -258,6 +258,7 @@ def _start_stack(
     replicas = []
     for i in range(up.replicas):
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
+        args += ["--dtype", run.inference_dtype or run.dtype]  # the dtype the trainer publishes in
         args += lora_flags(run)
         env = {**(share("inference") if up.engine == "hf" else {}), **up.replica_env(i)}
         if up.inference_tensor_parallel_size > 1:

@@ -143,11 +143,13 @@ class WeightPublisher:
         state_dict: Mapping[str, torch.Tensor],
         *,
         adapter: Mapping[str, Any] | None = None,
+        float_dtype: torch.dtype | None = None,
     ) -> Manifest:
         """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it.
 
         ``adapter``: for a LoRA run, the PEFT adapter config; ``state_dict`` then holds only the
-        adapter's tensors (see ``Manifest.adapter``).
+        adapter's tensors (see ``Manifest.adapter``). ``float_dtype``: floating tensors are cast to it in
+        the snapshot copy (the dtype the replicas serve; None keeps each tensor's own).
         """
         self._check_usable()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
@@ -155,7 +157,7 @@ class WeightPublisher:
         if self._latest is not None and version <= self._latest:
             raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
         started = time.perf_counter()
-        snapshot = self._snapshot(version, state_dict, adapter)
+        snapshot = self._snapshot(version, state_dict, adapter, float_dtype)
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
@@ -219,7 +221,11 @@ class WeightPublisher:
             raise WeightTransferError("weight publisher is closed", reason="publisher")
 
     def _snapshot(
-        self, version: int, state_dict: Mapping[str, torch.Tensor], adapter: Mapping[str, Any] | None = None
+        self,
+        version: int,
+        state_dict: Mapping[str, torch.Tensor],
+        adapter: Mapping[str, Any] | None = None,
+        float_dtype: torch.dtype | None = None,
     ) -> _Snapshot:
         if not isinstance(state_dict, Mapping):
             raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
@@ -234,10 +240,15 @@ class WeightPublisher:
                 dtype_name(tensor.dtype)
             except ValueError as exc:
                 raise ValueError(f"tensor {name!r}: {exc}") from None
+        if float_dtype is not None:
+            dtype_name(float_dtype)  # one that can travel
+            if not float_dtype.is_floating_point:
+                raise ValueError(f"float_dtype must be a floating dtype, got {float_dtype}")
         tensors: list[torch.Tensor] = []
         for tensor in state_dict.values():
-            # One copy from any device straight into fresh contiguous CPU memory.
-            copy = torch.empty(tuple(tensor.shape), dtype=tensor.dtype, device="cpu")
+            # One copy from any device straight into fresh contiguous CPU memory (cast on the way if asked).
+            dtype = float_dtype if float_dtype is not None and tensor.is_floating_point() else tensor.dtype
+            copy = torch.empty(tuple(tensor.shape), dtype=dtype, device="cpu")
             copy.copy_(tensor.detach())
             tensors.append(copy)
         manifest = Manifest.build(

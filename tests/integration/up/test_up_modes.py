@@ -82,6 +82,19 @@ def test_up_trains_with_the_vllm_engine(up_run):
     check_ledger(run_dir, steps=3, groups_per_step=2)
 
 
+def test_up_pushes_bfloat16_weights_to_bfloat16_replicas(up_run):
+    # inference_dtype = bfloat16 on a float32 trainer: fleetrl up starts the replica in bfloat16 and the trainer
+    # publishes bfloat16 (half the bytes). A replica refuses weights of another dtype than it serves, so every
+    # version loading proves the cast.
+    result, run_dir = up_run({"max_head_offpolicy_versions": 1, "inference_dtype": "bfloat16"})
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    assert [m["version"] for m in read_metrics(run_dir)] == [1, 2, 3]
+    assert (run_dir / "inference-0.log").read_text().count("loaded weights version") >= 3
+    published = [line for line in (run_dir / "trainer.log").read_text().splitlines() if "published weights" in line]
+    assert published
+    check_ledger(run_dir, steps=3, groups_per_step=2)
+
+
 def test_up_runs_a_two_rank_fsdp_trainer_under_torchrun(up_run):
     # trainer_procs = 2: torchrun, FSDP2 over gloo on CPU; rank 0 serves, rank 1 follows its commands.
     result, run_dir = up_run({"max_head_offpolicy_versions": 1, "dcp_save_interval": 2}, {"trainer_procs": 2})

@@ -184,3 +184,19 @@ def test_every_log_samples_interval_steps_a_few_decoded_samples_come_with_the_re
     assert first.prompt == trainer.tokenizer.decode(sample.tokens[:prompt_len], skip_special_tokens=True)
     assert first.completion == trainer.tokenizer.decode(sample.tokens[prompt_len:], skip_special_tokens=True)
     assert (first.step, first.reward, first.version_offset) == (2, sample.reward, 1 - groups[2].submit_version)
+
+
+@pytest.mark.parametrize(
+    ("inference_dtype", "expected"),
+    [(None, {}), ("float32", {}), ("bfloat16", {"float_dtype": torch.bfloat16})],
+)
+def test_weights_are_published_in_the_dtype_the_replicas_serve(
+    tiny_model_dir, tmp_path, groups, inference_dtype, expected
+):
+    """inference_dtype = bfloat16 on a float32 trainer: the publisher is asked to cast floating tensors (one copy, in
+    its snapshot); unset or equal to the trainer's dtype, nothing is cast."""
+    calls = []
+    cfg = make_cfg(tiny_model_dir, tmp_path, inference_dtype=inference_dtype)
+    trainer = PolicyTrainer(cfg, weight_sink=lambda v, sd, **kw: calls.append(kw))
+    assert trainer.train_step(groups, step=1).published
+    assert calls == [expected]

@@ -340,3 +340,19 @@ def test_malformed_requests_get_clear_errors_and_the_publisher_keeps_serving(pub
     finally:
         sock.close()
     _assert_bit_exact(fetch_weights(publisher.address, 1, timeout_s=10)[1], sd)
+
+
+def test_floating_tensors_travel_in_the_float_dtype_asked_for(publisher):
+    """A float32 trainer publishing for a bfloat16 replica: floating tensors are cast in the snapshot copy (half
+    the bytes), the rest travel as they are, and the checksums cover what travels."""
+    sd = _state_dict()
+    manifest = publisher.publish(4, sd, float_dtype=torch.bfloat16)
+    want = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+    assert manifest == build_manifest(4, want)
+    got_manifest, got = fetch_weights(publisher.address, 4, timeout_s=20)
+    assert got_manifest == manifest
+    _assert_bit_exact(got, want)
+    assert {s.name: s.dtype for s in manifest.tensors}["position_ids"] == "int64"
+    assert {s.name: s.nbytes for s in manifest.tensors}["big"] == 5 * 1001 * 2  # half of float32's 20020
+    with pytest.raises(ValueError, match="floating dtype"):
+        publisher.publish(5, sd, float_dtype=torch.int32)
