@@ -12,6 +12,10 @@ swap: ``transfer_s`` (fetch + verify + validate, generation running) and ``pause
 vLLM's pause_generation(mode="keep") + in-place load + resume), plus the generation throughput of a window
 without swaps and of the window with them.
 
+``--paths transfer_api,reload_rpc`` (vLLM) alternates how each swap is applied: vLLM's weight-transfer API with
+fleetrl's "fleetrl_zmq" backend (the default) or the worker extension's reload_weights rpc (the earlier path),
+and prints the medians per path.
+
 Engine start costs ~30 s for vLLM on CPU; the vLLM engine spawns processes, hence the __main__ guard.
 """
 
@@ -105,7 +109,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         quiet_start = time.perf_counter()
         await asyncio.sleep(args.window_s)
         quiet_end = time.perf_counter()
+        paths = args.paths.split(",") if args.paths else []
         for version in range(1, args.swaps + 1):
+            if paths:
+                engine.weight_update = paths[(version - 1) % len(paths)]
             state = {k: v * (1.0 + 1e-3 * version) for k, v in base.items()}
             manifest = await asyncio.to_thread(publisher.publish, version, state)
             t = time.perf_counter()
@@ -117,6 +124,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "transfer_s": result.transfer_s,
                     "pause_s": result.pause_s,
                     "checksum_ok": result.checksum == manifest.checksum,
+                    "path": getattr(engine, "weight_update", "-"),
                     **getattr(engine, "last_swap_timings", {}),
                 }
             )
@@ -159,6 +167,7 @@ def main() -> None:
     parser.add_argument("--window-s", type=float, default=10.0, help="no-swap throughput window")
     parser.add_argument("--gap-s", type=float, default=1.0, help="generation time between swaps")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
+    parser.add_argument("--paths", help="vLLM: swap paths to alternate, e.g. transfer_api,reload_rpc")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     if args.json:
@@ -169,12 +178,17 @@ def main() -> None:
         f"{result['concurrency']} concurrent generate loops x {result['max_tokens']} tokens "
         f"({result['machine']})"
     )
-    parts = [k for k in result["swaps"][0] if k.endswith("_s") and k not in _MAIN_COLUMNS]
-    print("| swap | " + " | ".join(_MAIN_COLUMNS + parts) + " |")
-    print("|---" * (1 + len(_MAIN_COLUMNS) + len(parts)) + "|")
+    parts = sorted({k for s in result["swaps"] for k in s if k.endswith("_s") and k not in _MAIN_COLUMNS})
+    print("| swap | path | " + " | ".join(_MAIN_COLUMNS + parts) + " |")
+    print("|---" * (2 + len(_MAIN_COLUMNS) + len(parts)) + "|")
     for s in result["swaps"]:
-        cells = " | ".join(f"{s[k]:.3f}" for k in _MAIN_COLUMNS + parts)
-        print(f"| v{s['version']} | {cells} |")
+        cells = " | ".join(f"{s[k]:.3f}" if k in s else "" for k in _MAIN_COLUMNS + parts)
+        print(f"| v{s['version']} | {s['path']} | {cells} |")
+    for path in sorted({s["path"] for s in result["swaps"]}):
+        mine = [s for s in result["swaps"] if s["path"] == path]
+        pause = statistics.median(s["pause_s"] for s in mine)
+        transfer = statistics.median(s["transfer_s"] for s in mine)
+        print(f"path {path}: {len(mine)} swaps, pause median {pause:.4f} s, transfer median {transfer:.3f} s")
     print(
         f"pause median {result['pause_s_median']:.3f} s, max {result['pause_s_max']:.3f} s; "
         f"throughput {result['tokens_per_s_no_swaps']:.0f} tok/s without swaps, "

@@ -14,7 +14,10 @@ Semantics (shared with the hf engine, checked by tests/integration/inference/con
 - Weight loads: the worker extension (vllm_worker.py) fetches and checks the new version in the background
   while generation continues; the swap itself runs under ``pause_generation(mode="keep")``, which freezes
   in-flight requests, and the cleared KV cache makes them recompute their context with the new weights when
-  generation resumes, so every token labelled with a version was sampled from exactly that version.
+  generation resumes, so every token labelled with a version was sampled from exactly that version. The swap
+  goes through vLLM's weight-transfer API (``start_weight_update``, ``update_weights``,
+  ``finish_weight_update(version)``) with fleetrl's weight stream registered as its backend (vllm_transfer.py),
+  the calls a GPU run makes with vLLM's nccl backend.
 - LoRA (``max_lora_rank`` > 0): an adapter version is fetched and checked here (services/inference/lora.py),
   written to a per-version folder and added with ``add_lora`` as a new LoRA adapter, without pausing
   generation. New requests carry the newest adapter's ``LoRARequest``; a request keeps the adapter it started
@@ -64,6 +67,9 @@ _GIB = 1 << 30
 _RATE_WINDOW_S = 10.0
 _POLL_S = 0.02  # staging status poll: each poll is one cheap rpc between two engine steps
 _RPC_TIMEOUT_S = 60.0
+WEIGHT_UPDATE_PATHS = ("transfer_api", "reload_rpc")
+"""How a staged version is applied: vLLM's weight-transfer API ("fleetrl_zmq" backend, the default) or the worker
+extension's reload_weights rpc (the earlier path, kept to benchmark against)."""
 # The ranks vLLM accepts as max_lora_rank (vllm.config.lora.MaxLoRARanks); --max-lora-rank rounds up to one.
 _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Adapters in one batch: the newest version's, the previous one's for requests that started before the swap,
@@ -108,6 +114,7 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: float | None = None,
         request_timeout_s: float = 600.0,
         max_lora_rank: int = 0,
+        weight_update: str = "transfer_api",
     ) -> None:
         """max_model_len None: the model's own limit. kv_cache_gib: KV cache size (vLLM's kv_cache_memory_bytes;
         on CPU it must be set, or vLLM wants 92 % of RAM); None leaves the size to vLLM (on GPU:
@@ -137,6 +144,9 @@ class VLLMEngine(InferenceEngine):
         self._gpu_memory_utilization = gpu_memory_utilization
         self._request_timeout_s = request_timeout_s
         self._max_lora_rank = max_lora_rank
+        if weight_update not in WEIGHT_UPDATE_PATHS:
+            raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_PATHS}, got {weight_update!r}")
+        self.weight_update = weight_update  # may be changed between loads (bench/swap_pause.py compares the two)
         self._adapter: _Adapter | None = None  # the newest adapter version: new requests use it
         self._retiring: list[_Adapter] = []  # older versions that requests in flight still use
         self._next_lora_id = 1
@@ -174,6 +184,10 @@ class VLLMEngine(InferenceEngine):
                 max_loras=_MAX_LORAS,
                 max_cpu_loras=_MAX_LORAS + 1,
             )
+        from vllm.config import WeightTransferConfig
+
+        from fleetrl.services.inference.vllm_transfer import BACKEND as TRANSFER_BACKEND
+
         return AsyncEngineArgs(
             model=self.model_path,
             tokenizer=self.model_path,
@@ -184,6 +198,9 @@ class VLLMEngine(InferenceEngine):
             # The logprob of the distribution actually sampled from (after temperature/top-k/top-p).
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
+            # Weight updates go through vLLM's weight-transfer API with fleetrl's stream as its backend
+            # (services/inference/vllm_transfer.py).
+            weight_transfer_config=WeightTransferConfig(backend=TRANSFER_BACKEND),
             disable_log_stats=True,
             **kwargs,
         )
@@ -196,6 +213,9 @@ class VLLMEngine(InferenceEngine):
         # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
         # loop responsive meanwhile.
         self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
         self._vocab_size = int(self._llm.model_config.get_vocab_size())
         self._max_model_len = int(self._llm.model_config.max_model_len)
         await self._llm.update_weight_version(str(self.loaded_version))
@@ -384,8 +404,11 @@ class VLLMEngine(InferenceEngine):
                 "timeout_s": timeout_s,
             }
             try:
-                transfer_s = await self._stage(handle, time.monotonic() + timeout_s)
-                pause_s, checksum = await self._swap(load_id, version)
+                transfer_s, checksum = await self._stage(handle, time.monotonic() + timeout_s)
+                if self.weight_update == "transfer_api":
+                    pause_s = await self._swap(load_id, version, checksum)
+                else:
+                    pause_s, checksum = await self._swap_by_reload_rpc(load_id, version)
             except BaseException:
                 # Free the staged copy (and stop a fetch still running) after a failure or timeout.
                 try:
@@ -407,8 +430,9 @@ class VLLMEngine(InferenceEngine):
             )
             return LoadResult(version, checksum, transfer_s, pause_s)
 
-    async def _stage(self, handle: dict[str, Any], deadline: float) -> float:
-        """Fetch + verify + validate in every worker while generation continues; return seconds taken."""
+    async def _stage(self, handle: dict[str, Any], deadline: float) -> tuple[float, str]:
+        """Fetch + verify + validate in every worker while generation continues; return the seconds taken and
+        the version's checksum."""
         start = time.perf_counter()
         where = f"weights version {handle['version']} from {handle['address']}"
         await self._rpc("fleetrl_stage_weights", handle)
@@ -418,13 +442,55 @@ class VLLMEngine(InferenceEngine):
             if failed:
                 raise WeightLoadError(f"{where} rejected: {failed[0]['error']}")
             if all(s["state"] == STAGE_READY for s in statuses):
-                return time.perf_counter() - start
+                return time.perf_counter() - start, statuses[0]["checksum"]
             if time.monotonic() > deadline:
                 raise WeightLoadError(f"{where}: not staged within the timeout")
             await asyncio.sleep(_POLL_S)
 
-    async def _swap(self, load_id: str, version: int) -> tuple[float, str]:
-        """Pause generation (in-flight requests kept), load in place, relabel, resume."""
+    async def _swap(self, load_id: str, version: int, checksum: str) -> float:
+        """Pause generation (in-flight requests kept), load the staged copy through vLLM's weight-transfer API
+        (start_weight_update, update_weights, finish_weight_update with the version), resume. Returns the pause."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        llm = self._llm
+        start = time.perf_counter()
+        await llm.pause_generation(mode="keep", clear_cache=True)  # see _swap_by_reload_rpc
+        paused = time.perf_counter()
+        phase = "start_weight_update"
+        try:
+            await asyncio.wait_for(llm.start_weight_update(), _RPC_TIMEOUT_S)
+            phase = "update_weights"
+            request = WeightTransferUpdateRequest(update_info={"version": version, "load_id": load_id})
+            await asyncio.wait_for(llm.update_weights(request), _RPC_TIMEOUT_S)
+            loaded = time.perf_counter()
+            phase = "finish_weight_update"
+            await asyncio.wait_for(llm.finish_weight_update(str(version)), _RPC_TIMEOUT_S)
+            applied = time.perf_counter()
+        except Exception as exc:
+            # Every worker had its copy staged and checked, so this is a bug or a dead worker; after
+            # start_weight_update the model may be half-reloaded.
+            self._broken = (
+                f"the weight update to version {version} failed in {phase} ({exc!r}); the weights are "
+                "inconsistent until a later load succeeds"
+            )
+            logger.error(self._broken)
+            raise WeightLoadError(f"weights version {version}: {phase} failed: {exc}") from exc
+        finally:
+            await llm.resume_generation()
+        self.loaded_version, self.loaded_checksum = version, checksum
+        self._broken = None
+        end = time.perf_counter()
+        self.last_swap_timings = {
+            "pause_generation_s": paused - start,
+            "update_weights_s": loaded - paused,
+            "finish_weight_update_s": applied - loaded,
+            "resume_s": end - applied,
+        }
+        return end - start
+
+    async def _swap_by_reload_rpc(self, load_id: str, version: int) -> tuple[float, str]:
+        """The path before the weight-transfer API (weight_update="reload_rpc", kept for benchmarks): pause
+        generation (in-flight requests kept), the worker extension's reload_weights, relabel, resume."""
         llm = self._llm
         start = time.perf_counter()
         # clear_cache: KV computed with the old weights is dropped, so kept requests recompute their context
@@ -453,7 +519,7 @@ class VLLMEngine(InferenceEngine):
         self.last_swap_timings = {
             "pause_generation_s": paused - start,
             "apply_rpc_s": applied - paused,
-            "worker_load_s": max(r["apply_s"] for r in results),
+            "worker_load_s": max(r["apply_s"] for r in results),  # vLLM's reload_weights in the worker
             "relabel_and_resume_s": end - applied,
         }
         return end - start, checksum

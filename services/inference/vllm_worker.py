@@ -37,7 +37,13 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-WORKER_EXTENSION = "fleetrl.services.inference.vllm_worker.WeightSwapExtension"
+# Named through vllm_transfer, which re-exports it: importing that module in each worker process (vLLM does, to find
+# the extension, before the worker loads the model) registers the "fleetrl_zmq" weight-transfer backend there.
+WORKER_EXTENSION = "fleetrl.services.inference.vllm_transfer.WeightSwapExtension"
+
+# The load staged in this worker process (one worker per process): filled by the extension's rpcs, taken by the
+# weight-transfer backend (services/inference/vllm_transfer.py) when vLLM's update_weights applies it.
+_STAGING: dict[str, _Staged] = {}
 
 STAGE_FETCHING = "fetching"
 STAGE_READY = "ready"
@@ -187,6 +193,38 @@ def _fetch_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> No
     staged.state = STAGE_READY
 
 
+def fetch_checked(
+    hf_config: Any,
+    served_dtype: str,
+    model_dir: str,
+    address: str,
+    version: int,
+    *,
+    auth_token: str | None,
+    timeout_s: float,
+) -> list[tuple[str, Any]]:
+    """Fetch `version` from the weight stream at `address` now, checked as a staged load is (ValueError if not)."""
+    staged = _Staged(load_id="direct", version=version)
+    spec = expected_weight_spec(hf_config, served_dtype, model_dir)
+    _fetch_into(staged, {"address": address, "auth_token": auth_token, "timeout_s": timeout_s}, spec)
+    if staged.state != STAGE_READY:
+        raise ValueError(f"weights version {version} from {address}: {staged.error}")
+    return staged.tensors
+
+
+def take_staged(load_id: str, version: int) -> list[tuple[str, Any]]:
+    """The staged tensors of `load_id` (fetched, verified and checked against the model), removed from the staging
+    area; ValueError when that load is not staged and ready (nothing is touched then)."""
+    staged = _STAGING.get("current")
+    if staged is None or staged.load_id != load_id:
+        raise ValueError(f"weights load {load_id} is not staged in this worker")
+    if staged.state != STAGE_READY or staged.version != version:
+        raise ValueError(f"staged load {load_id} is {staged.state} (version {staged.version}), not version {version}")
+    _STAGING.pop("current", None)
+    tensors, staged.tensors = staged.tensors, []
+    return tensors
+
+
 class WeightSwapExtension:
     """Mixed into vLLM's worker class (``self`` is the worker: ``self.model_config``, ``reload_weights``).
 
@@ -224,9 +262,9 @@ class WeightSwapExtension:
             spec = self._fleetrl_get_spec()
         except Exception as exc:  # reported to the engine as a failed stage
             staged.error, staged.state = str(exc), STAGE_FAILED
-            self._fleetrl_staged = staged
+            _STAGING["current"] = staged
             return staged.status()
-        self._fleetrl_staged = staged
+        _STAGING["current"] = staged
         threading.Thread(
             target=_fetch_into,
             args=(staged, dict(handle), spec),
@@ -236,18 +274,18 @@ class WeightSwapExtension:
         return staged.status()
 
     def fleetrl_stage_status(self, load_id: str) -> dict[str, Any]:
-        staged = getattr(self, "_fleetrl_staged", None)
+        staged = _STAGING.get("current")
         if staged is None or staged.load_id != load_id:
             return {"load_id": load_id, "state": STAGE_FAILED, "error": "no such staged load"}
         return staged.status()
 
     def fleetrl_apply_staged(self, load_id: str) -> dict[str, Any]:
         """Load the staged tensors in place (the engine has paused generation). Drops the staged copy."""
-        staged = getattr(self, "_fleetrl_staged", None)
+        staged = _STAGING.get("current")
         if staged is None or staged.load_id != load_id or staged.state != STAGE_READY:
             state = "missing" if staged is None or staged.load_id != load_id else staged.state
             return {"ok": False, "touched": False, "error": f"staged load {load_id} is {state}"}
-        self._fleetrl_staged = None
+        _STAGING.pop("current", None)
         start = time.perf_counter()
         try:
             # The worker's in-place reload (layerwise: re-runs post-load processing such as CPU prepacking).
@@ -268,10 +306,10 @@ class WeightSwapExtension:
 
     def fleetrl_discard_staged(self, load_id: str | None) -> bool:
         """Drop the staged copy (``load_id`` None: whatever is staged). True if something was dropped."""
-        staged = getattr(self, "_fleetrl_staged", None)
+        staged = _STAGING.get("current")
         if staged is None or (load_id is not None and staged.load_id != load_id):
             return False
         staged.cancelled.set()
         staged.tensors = []
-        self._fleetrl_staged = None
+        _STAGING.pop("current", None)
         return True

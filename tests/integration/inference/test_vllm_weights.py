@@ -134,3 +134,52 @@ async def test_worker_extension_reports_the_checkpoint_layout(vllm_engine, tiny_
     assert {name: shape for name, (shape, _) in spec["tensors"].items()} == expected
     assert {dtype for _, dtype in spec["tensors"].values()} == {"float32"}
     assert spec["optional"] == []  # the tiny model does not tie its embeddings
+
+
+async def test_swaps_go_through_vllms_weight_transfer_api(vllm_engine, tiny_model_dir):
+    """The staged copy is applied with start_weight_update / update_weights / finish_weight_update(version) on the
+    "fleetrl_zmq" backend: vLLM's own weight version moves with it, and the pause is split by those calls."""
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    with WeightPublisher() as publisher:
+        version = vllm_engine.loaded_version + 1
+        publisher.publish(version, conformance._perturbed(original, seed=11))
+        await vllm_engine.load_weights(version, publisher.address, timeout_s=60)
+    assert await vllm_engine._llm.get_weight_version() == str(version)
+    assert set(vllm_engine.last_swap_timings) == {
+        "pause_generation_s",
+        "update_weights_s",
+        "finish_weight_update_s",
+        "resume_s",
+    }
+    await _restore(vllm_engine, original)
+
+
+async def test_the_backend_alone_fetches_a_version_named_by_its_stream(vllm_engine, tiny_model_dir):
+    """What a client that knows only vLLM's API sends: update_info with the stream's address (no staged copy).
+    The weights then serve exactly: logprobs match a float32 forward of the new weights."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=12)
+    llm = vllm_engine._llm
+    async with vllm_engine._load_lock:  # nothing else loads meanwhile
+        version = vllm_engine.loaded_version + 1
+        with WeightPublisher() as publisher:
+            publisher.publish(version, new_state)
+            await llm.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await llm.start_weight_update()
+                info = {"version": version, "address": publisher.address, "timeout_s": 30.0}
+                await llm.update_weights(WeightTransferUpdateRequest(update_info=info))
+                await llm.finish_weight_update(str(version))
+            finally:
+                await llm.resume_generation()
+        vllm_engine.loaded_version = version
+    request = SamplingRequest(conformance.PROMPTS[0], n=2, max_tokens=12, seed=5)
+    completions = await vllm_engine.generate(request)
+    assert all(c.versions == [version] * len(c.token_ids) for c in completions)
+    worst = conformance.assert_logprobs_match(
+        conformance.load_reference(tiny_model_dir, new_state), request, completions
+    )
+    assert worst < conformance.LOGPROB_TOL
+    await _restore(vllm_engine, original)

@@ -1,0 +1,113 @@
+"""fleetrl's weight stream as a vLLM weight-transfer backend (`BACKEND` = "fleetrl_zmq").
+
+vLLM 0.32 updates weights through one API whatever moves the bytes: `AsyncLLM.init_weight_transfer_engine` once,
+then per version `start_weight_update`, `update_weights` (one or more chunks) and `finish_weight_update(version)`,
+each a collective rpc to every worker, where a `WeightTransferEngine` registered in `WeightTransferEngineFactory`
+does the work (nccl and ipc on GPU). This module registers fleetrl's ZeroMQ weight stream as such an engine, so a
+CPU replica (and one on a machine without NCCL to the trainer) goes through the same calls a GPU run makes:
+
+- `start_weight_update` starts vLLM's layerwise reload (`initialize_layerwise_reload`), `finish_weight_update`
+  finalizes it (`finalize_layerwise_reload`: each layer's post-load processing, e.g. the CPU backend's oneDNN
+  prepacking), as vLLM's own checkpoint-format engines do;
+- `update_weights({"version", "load_id"})` loads the copy the worker staged for `load_id` while generation ran
+  (fleetrl's worker extension fetches, verifies every tensor's checksum and checks names, shapes and dtypes against
+  the served model first: services/inference/vllm_worker.py). Given `address` (and `auth_token`, `timeout_s`) and
+  no `load_id`, it fetches the version from that weight stream itself, checked the same way: what a client that
+  knows only vLLM's API sends.
+
+`update_weights` is overridden because the base class calls `torch.accelerator.synchronize()`, which raises on a
+machine without an accelerator; here it synchronizes only when there is one. Registration happens when this module
+is imported: by the worker extension module in every worker process (imported before the worker loads the model
+and creates its transfer engine) and by `VLLMEngine` in the front end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from vllm.distributed.weight_transfer.base import (
+    WeightTransferEngine,
+    WeightTransferInitInfo,
+    WeightTransferUpdateInfo,
+)
+from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+from fleetrl.services.inference.vllm_worker import WeightSwapExtension
+
+__all__ = ["BACKEND", "StreamWeightTransferEngine", "WeightSwapExtension", "register"]
+
+BACKEND = "fleetrl_zmq"
+
+
+@dataclass
+class StreamInitInfo(WeightTransferInitInfo):
+    """Nothing to set up: each update names its stream (or its staged copy)."""
+
+
+@dataclass
+class StreamUpdateInfo(WeightTransferUpdateInfo):
+    version: int
+    load_id: str = ""  # a copy the worker staged (fleetrl_stage_weights); else fetch from `address`
+    address: str = ""
+    auth_token: str | None = None
+    timeout_s: float = 120.0
+
+
+class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpdateInfo]):
+    """The worker side of the "fleetrl_zmq" backend (see the module docstring)."""
+
+    init_info_cls = StreamInitInfo
+    update_info_cls = StreamUpdateInfo
+    supports_draft_weight_update = False
+
+    def init_transfer_engine(self, init_info: StreamInitInfo) -> None:
+        self.initialized = True
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():  # the base class syncs unconditionally, which raises on CPU
+            torch.accelerator.synchronize()
+
+    def receive_weights(self, update_info: StreamUpdateInfo) -> None:
+        from fleetrl.services.inference.vllm_worker import fetch_checked, take_staged
+
+        if update_info.load_id:
+            tensors = take_staged(update_info.load_id, update_info.version)
+        elif update_info.address:
+            served = str(self.model_config.dtype).removeprefix("torch.")
+            tensors = fetch_checked(
+                self.model_config.hf_config,
+                served,
+                self.model_config.model,
+                update_info.address,
+                update_info.version,
+                auth_token=update_info.auth_token,
+                timeout_s=update_info.timeout_s,
+            )
+        else:
+            raise ValueError("update_info needs a load_id (a staged copy) or the weight stream's address")
+        self.model.load_weights(iter(tensors))
+
+    def shutdown(self) -> None:
+        """Nothing held between updates."""
+
+
+def register() -> None:
+    """Register the backend in this process's factory (idempotent)."""
+    if BACKEND not in WeightTransferEngineFactory._registry:
+        WeightTransferEngineFactory.register_engine(BACKEND, StreamWeightTransferEngine)
+
+
+register()
