@@ -4,6 +4,7 @@ version."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -14,6 +15,25 @@ import pytest
 from tests.integration.up.conftest import read_metrics, start_fleetrl_up, wait_for_steps, write_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def stop_while_serving(run_dir, index: int, proc, timeout_s: float = 120.0) -> int:
+    """SIGSTOP replica `index` the moment its /metrics shows Generate calls in flight (so some are stuck on it);
+    returns its pid."""
+    import urllib.request
+
+    pid = replica_pid(run_dir, index)
+    port = json.loads((run_dir / "ready" / f"inference-{index}.json").read_text())["metrics_port"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "fleetrl up exited before the replica could be stopped"
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        serving = [line for line in text.splitlines() if line.startswith("fleetrl_inference_in_flight_requests ")]
+        if serving and float(serving[0].split()[1]) >= 1:
+            os.kill(pid, signal.SIGSTOP)
+            return pid
+        time.sleep(0.002)
+    raise AssertionError(f"replica {index} never had a Generate call in flight for {timeout_s} s")
 
 
 def replica_pid(run_dir, index: int) -> int:
@@ -38,7 +58,15 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
     config = write_run(
         tmp_path,
         tiny_model_dir,
-        {"max_steps": 40, "max_head_offpolicy_versions": 1, "rollout_extras": {"tool_latency_s": 0.1}},
+        # Long completions keep Generate calls in flight (a row's calls go out as one request), so some are on the
+        # replica when it stops.
+        {
+            "max_steps": 40,
+            "max_head_offpolicy_versions": 1,
+            "rollout_extras": {"tool_latency_s": 0.1},
+            "max_completion_tokens": 48,
+            "max_seq_len": 96,
+        },
         {
             "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
             "replicas": 2,
@@ -51,8 +79,7 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
     stopped = None
     try:
         wait_for_steps(proc, run_dir, 3)
-        stopped = replica_pid(run_dir, 0)
-        os.kill(stopped, signal.SIGSTOP)
+        stopped = stop_while_serving(run_dir, 0, proc)
         controller_log = run_dir / "controller.log"
         wait_for_text(controller_log, "did not answer Status", proc)
         assert proc.poll() is None, proc.communicate()[1][-3000:]
