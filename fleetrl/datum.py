@@ -40,7 +40,7 @@ def shift_datum(
     loss_mask: Sequence[int],
     versions: Sequence[int] | None = None,
 ) -> Datum:
-    """The shift itself, on a sample's per-token lists (what the trainer's ranks receive in a broadcast):
+    """The shift itself, on a sample's per-token lists (what each trainer rank receives for its own rows):
     the one implementation `build_datum` uses too."""
     return Datum(
         input_tokens=list(tokens[:-1]),

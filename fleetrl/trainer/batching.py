@@ -4,7 +4,10 @@ A step is P groups. Each group's rewards become advantages (fleetrl.advantages),
 of a trajectory split into several (`RolloutSample.member`) share their member's advantage; a group with fewer than
 two valid members carries no relative signal and is skipped. The step's B samples are split into
 `num_minibatches` minibatches (one optimizer step each, the PPO inner loop), each minibatch across the
-data-parallel ranks, and each rank's share into micro-batches (gradient accumulation).
+data-parallel ranks, and each rank's share into micro-batches (gradient accumulation). `rank_rows` names the rows one
+rank trains over the whole step (the rows rank 0 sends it); `RowFigures` holds what every rank knows of every row
+(its length and trainable tokens), enough for the minibatch-wide figures (`Totals`, the padded width) without the
+rows themselves.
 
 Splitting must not change the loss: `part_loss_scale` gives the factor that makes the sum of the
 parts' aggregated losses equal the loss of the whole minibatch for every `loss_agg_mode`.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -145,6 +149,16 @@ def split_even(n: int, parts: int) -> list[range]:
     return out
 
 
+def rank_rows(n: int, num_minibatches: int, world_size: int, rank: int) -> list[int]:
+    """The rows of a step of `n` rows that `rank` trains, in order: its share (`split_even` over the ranks) of each
+    of the `num_minibatches` minibatches (`split_even` of range(n), empty ones dropped), as the inner loop splits."""
+    out: list[int] = []
+    for minibatch in split_even(n, num_minibatches):
+        rows = list(minibatch)
+        out.extend(rows[j] for j in split_even(len(rows), world_size)[rank])
+    return out
+
+
 def chunk(indices: Sequence[int], size: int | None) -> list[list[int]]:
     """Consecutive chunks of at most `size` (None: one chunk)."""
     items = list(indices)
@@ -164,8 +178,36 @@ class Totals:
 
     @classmethod
     def of(cls, masks: Sequence[Sequence[int]]) -> Totals:
-        counts = [sum(m) for m in masks]
+        return cls.of_counts([sum(m) for m in masks])
+
+    @classmethod
+    def of_counts(cls, counts: Sequence[int]) -> Totals:
+        """From each sequence's trainable token count."""
         return cls(float(sum(counts)), float(sum(1 for c in counts if c > 0)))
+
+
+@dataclass(frozen=True)
+class RowFigures:
+    """Every row of a step as every rank knows it, whether or not it holds the row: its datum's length (tokens - 1)
+    and trainable tokens (the sum of its weights). Enough for a minibatch's `Totals` and padded width."""
+
+    lengths: Sequence[int]
+    trainable: Sequence[int]
+
+    @classmethod
+    def of(cls, datums: Sequence[Any]) -> RowFigures:
+        """From datums (anything with `len()` and `weights`) of every row."""
+        return cls([len(d) for d in datums], [sum(d.weights) for d in datums])
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def totals(self, rows: Sequence[int]) -> Totals:
+        return Totals.of_counts([self.trainable[i] for i in rows])
+
+    def width(self, rows: Sequence[int]) -> int:
+        """The longest datum of `rows`: the minibatch's padded length as if it ran in one piece."""
+        return max(self.lengths[i] for i in rows)
 
 
 def part_loss_scale(mode: str, part_mask_BT: torch.Tensor, totals: Totals) -> float:

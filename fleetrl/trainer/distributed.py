@@ -6,8 +6,10 @@ layer, then the root). Sharding "fsdp" shards over every rank (a 1-D mesh); "hsd
 and replicates across nodes (a 2-D mesh `(replicate = nodes, shard = ranks per node)`: parameters are
 all-gathered over the fast intra-node links only, gradients reduce-scattered within the node and then
 all-reduced across nodes). Rank 0 owns the sockets: it receives groups,
-talks to the reference service and publishes weights; it broadcasts each command and its data to
-the other ranks as plain tensors (JSON bytes for small payloads), so nothing is pickled.
+talks to the reference service and publishes weights; it broadcasts each command to the other ranks
+(JSON bytes: a step's header with the figures every rank needs), then sends each rank only the rows it
+trains (`scatter_tensors`: one point-to-point message of plain tensors per rank), so nothing is pickled
+and no rank receives the whole batch. `RECEIVED` counts the bytes a rank has received from rank 0.
 With world size 1 everything here is a no-op and no process group is created.
 """
 
@@ -143,6 +145,21 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
     return get_model_state_dict(model, options=options)
 
 
+@dataclass
+class ReceivedBytes:
+    """Bytes this process has received from rank 0, by kind: "broadcast" (commands, headers, broadcast tensors)
+    and "scatter" (its own share of a step's rows). Rank 0 receives nothing and counts nothing."""
+
+    broadcast: int = 0
+    scatter: int = 0
+
+    def reset(self) -> None:
+        self.broadcast = self.scatter = 0
+
+
+RECEIVED = ReceivedBytes()
+
+
 def broadcast_json(obj: Any, ctx: DistContext) -> Any:
     """Rank 0's JSON-able `obj` on every rank (others pass anything, e.g. None)."""
     if not ctx.enabled:
@@ -158,6 +175,8 @@ def broadcast_json(obj: Any, ctx: DistContext) -> Any:
     else:
         buf = torch.empty(int(size.item()), dtype=torch.uint8, device=ctx.comm_device)
     dist.broadcast(buf, src=0)
+    if not ctx.is_main:
+        RECEIVED.broadcast += _nbytes(size) + _nbytes(buf)
     return obj if ctx.is_main else json.loads(bytes(buf.cpu().numpy()).decode())
 
 
@@ -176,8 +195,55 @@ def broadcast_tensors(
         else:
             t = torch.empty(length, dtype=dtype, device=ctx.comm_device)
         dist.broadcast(t, src=0)
+        if not ctx.is_main:
+            RECEIVED.broadcast += _nbytes(t)
         out[name] = t.cpu()
     return out
+
+
+def scatter_tensors(
+    parts: Sequence[dict[str, torch.Tensor]] | None, specs: dict[str, tuple[torch.dtype, int]], ctx: DistContext
+) -> dict[str, torch.Tensor]:
+    """Rank r gets `parts[r]` (1-D CPU tensors, rank 0 passes one dict per rank) and no other rank's; `specs` gives
+    every rank the dtype and length of each of its own tensors. Rank 0 sends each other rank its tensors packed
+    into one byte buffer (a point-to-point send, which gloo and nccl both support, in any size: `dist.scatter`
+    needs equal sizes); a rank with nothing to receive gets no message."""
+    if ctx.is_main or not ctx.enabled:
+        assert parts is not None and len(parts) == ctx.world_size
+    if not ctx.enabled:
+        return parts[0]  # type: ignore[index]
+    if ctx.is_main:
+        assert parts is not None
+        sends = []
+        for rank in range(1, ctx.world_size):
+            buf = _pack(parts[rank]).to(ctx.comm_device)
+            if buf.numel():
+                sends.append((dist.isend(buf, dst=rank), buf))  # the buffer lives until its send is done
+        for work, _ in sends:
+            work.wait()
+        return parts[0]
+    names = sorted(specs)
+    sizes = [specs[n][1] * _itemsize(specs[n][0]) for n in names]
+    buf = torch.empty(sum(sizes), dtype=torch.uint8, device=ctx.comm_device)
+    if buf.numel():
+        dist.recv(buf, src=0)
+        RECEIVED.scatter += _nbytes(buf)
+    chunks = buf.cpu().split(sizes)
+    return {n: c.clone().view(specs[n][0]) for n, c in zip(names, chunks, strict=True)}
+
+
+def _pack(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The tensors' bytes end to end, in name order (as `scatter_tensors` unpacks them)."""
+    views = [tensors[n].detach().cpu().contiguous().view(-1).view(torch.uint8) for n in sorted(tensors)]
+    return torch.cat(views) if views else torch.empty(0, dtype=torch.uint8)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty(0, dtype=dtype).element_size()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:

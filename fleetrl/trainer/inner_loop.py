@@ -28,7 +28,7 @@ from fleetrl import metric_names as mn
 from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
-from fleetrl.trainer.batching import Totals, chunk, part_loss_scale, split_even
+from fleetrl.trainer.batching import RowFigures, chunk, part_loss_scale, split_even
 from fleetrl.trainer.model import target_logprobs
 
 REF_WAIT_TIMEOUT_S = 1800.0  # the reference client has its own deadline; this bounds the wait whatever it does
@@ -89,7 +89,7 @@ class InnerLoop:
         mine = chunk(shares[self.ctx.rank], self.micro_batch_size)
         return mine + [[] for _ in range(count - len(mine))]
 
-    def _collate(self, datums: Sequence[Datum], rows: Sequence[int]) -> tuple[Any, int]:
+    def _collate(self, datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> tuple[Any, int]:
         if rows:
             return collate([datums[i] for i in rows], pad_token_id=self.pad_id), len(rows)
         dummy = Datum([self.pad_id], [self.pad_id], [0], [0.0])
@@ -97,7 +97,10 @@ class InnerLoop:
 
     @torch.no_grad()
     def compute_logprobs(
-        self, datums: Sequence[Datum], minibatches: Sequence[Sequence[int]], timer: str = "old_logprobs"
+        self,
+        datums: Sequence[Datum] | Mapping[int, Datum],
+        minibatches: Sequence[Sequence[int]],
+        timer: str = "old_logprobs",
     ) -> dict[int, torch.Tensor]:
         """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
         the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's)."""
@@ -119,16 +122,19 @@ class InnerLoop:
 
     def train_batch(
         self,
-        datums: list[Datum],
+        datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
         ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None,
         ref_future: Future[list[list[float]]] | None,
+        figures: RowFigures | None = None,
     ) -> dict[str, float]:
         """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
         minibatch. Returns the batch's loss metrics (token-weighted over all ranks) under their per-step names
-        (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...)."""
+        (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...).
+        With `figures` (every row's length and trainable tokens), `datums` needs only this rank's rows (by row)."""
+        figures = figures if figures is not None else RowFigures.of(datums)  # type: ignore[arg-type]
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
-        minibatches = [list(r) for r in split_even(len(datums), self.cfg.num_minibatches) if r]
+        minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches) if len(minibatches) > 1 else None
         if self.reference_context is not None and self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None:
             with self.reference_context():
@@ -140,7 +146,7 @@ class InnerLoop:
                 wait_started = time.perf_counter()
                 ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref_future.result(REF_WAIT_TIMEOUT_S)]
                 self.timers["ref_wait"] = self.timers.get("ref_wait", 0.0) + time.perf_counter() - wait_started
-            part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)
+            part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows, figures=figures)
             norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
             if norm is None:
                 # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
@@ -163,12 +169,13 @@ class InnerLoop:
 
     def accumulate_gradients(
         self,
-        datums: Sequence[Datum],
+        datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
         rows: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
         ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None = None,
+        figures: RowFigures | None = None,
     ) -> dict[str, float]:
         """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
 
@@ -177,8 +184,13 @@ class InnerLoop:
         "_tok/<metric>" token-weighted sums of the loss metrics and the entropy.
         """
         started = time.perf_counter()
-        totals = Totals.of([datums[i].weights for i in rows])
-        settings = self._loss_settings(max(len(datums[i]) for i in rows))
+        if figures is None:  # every row of `rows` is here
+            figures = RowFigures.of([datums[i] for i in rows])
+            rows_here = list(range(len(rows)))
+        else:
+            rows_here = list(rows)
+        totals = figures.totals(rows_here)
+        settings = self._loss_settings(figures.width(rows_here))
         world = self.ctx.world_size
         sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
         for micro in self._my_micro_batches(rows):

@@ -18,7 +18,8 @@ adapter disabled (no `ref_logprobs_fn` needed); checkpoints hold the adapter and
 a PEFT adapter folder (and, with export_merged, the merged model in `merged/`).
 
 With world size > 1 (torchrun), rank 0 calls these methods and every other rank runs
-`follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed).
+`follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed); a step's rows reach each
+rank as its share only (`batching.rank_rows`), with every row's length and trainable tokens in the header.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from fleetrl.rollout_group import RolloutGroup
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
-from fleetrl.trainer.batching import StepBatch, build_step_batch
+from fleetrl.trainer.batching import RowFigures, StepBatch, build_step_batch, rank_rows
 from fleetrl.trainer.checkpoint import (
     TrainerState,
     checkpoint_path,
@@ -260,6 +261,7 @@ class PolicyTrainer:
             "step": step,
             "lengths": [len(s.tokens) for s in batch.samples],
             "versioned": [s.versions is not None for s in batch.samples],
+            "trainable": [sum(int(m) for m in s.loss_mask[1:]) for s in batch.samples],  # Totals on every rank
             "has_ref": ref_future is not None and self.ctx.enabled,
             "data_position": data_position,
         }
@@ -367,8 +369,10 @@ class PolicyTrainer:
 
     def _step_tensors(
         self, header: dict[str, Any], batch: StepBatch | None, ref: list[list[float]] | None
-    ) -> tuple[list[Datum], torch.Tensor, list[torch.Tensor] | None]:
-        """Datums, advantages and reference logprobs of the step, on every rank."""
+    ) -> tuple[list[Datum] | dict[int, Datum], torch.Tensor, list[torch.Tensor] | dict[int, torch.Tensor] | None]:
+        """Datums, advantages and reference logprobs of the step: on one process, of every row; on each rank of a
+        distributed step, of the rows it trains only (`rank_rows`, by row), which are all rank 0 sends it. The
+        advantages tensor is indexed by row (0 for rows another rank trains)."""
         if not self.ctx.enabled:  # one process: no broadcast, no flattening
             assert batch is not None
             ref_rows = None if ref is None else [torch.tensor(lp, dtype=torch.float32) for lp in ref]
@@ -376,52 +380,35 @@ class PolicyTrainer:
             return datums, torch.tensor(batch.advantages, dtype=torch.float32), ref_rows
         lengths = header["lengths"]
         versioned = header["versioned"]  # which samples carry per-token policy versions
-        total = sum(lengths)
+        world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
+        mine = rank_rows(len(lengths), num_minibatches, world, self.ctx.rank)
+        parts = None
         if self.ctx.is_main:
             assert batch is not None
-            flat = {
-                "tokens": torch.tensor([t for s in batch.samples for t in s.tokens], dtype=torch.long),
-                "logprobs": torch.tensor([x for s in batch.samples for x in s.logprobs], dtype=torch.float32),
-                "mask": torch.tensor([m for s in batch.samples for m in s.loss_mask], dtype=torch.long),
-                "advantages": torch.tensor(batch.advantages, dtype=torch.float32),
-            }
-            if header["has_ref"]:
-                assert ref is not None
-                flat["ref"] = torch.tensor([x for lp in ref for x in lp], dtype=torch.float32)
-            if any(versioned):
-                flat["versions"] = torch.tensor(
-                    [v for s in batch.samples if s.versions is not None for v in s.versions], dtype=torch.long
-                )
-        else:
-            flat = None
-        specs = {
-            "tokens": (torch.long, total),
-            "logprobs": (torch.float32, total),
-            "mask": (torch.long, total),
-            "advantages": (torch.float32, len(lengths)),
+            ranks = [rank_rows(len(lengths), num_minibatches, world, r) for r in range(world)]
+            parts = [_flat_rows(batch, ref if header["has_ref"] else None, rows) for rows in ranks]
+        specs = _flat_specs(lengths, versioned, header["has_ref"], mine)
+        flat = fdist.scatter_tensors(parts, specs, self.ctx)
+        my_lengths = [lengths[i] for i in mine]
+        tokens = flat["tokens"].split(my_lengths)
+        logprobs = flat["logprobs"].split(my_lengths)
+        masks = flat["mask"].split(my_lengths)
+        versions: list[list[int] | None] = [None] * len(mine)
+        if "versions" in flat:
+            rows = iter(flat["versions"].split([lengths[i] for i in mine if versioned[i]]))
+            versions = [next(rows).tolist() if versioned[i] else None for i in mine]
+        datums = {
+            i: shift_datum(t.tolist(), lp.tolist(), m.tolist(), v)
+            for i, t, lp, m, v in zip(mine, tokens, logprobs, masks, versions, strict=True)
         }
+        advantages = torch.zeros(len(lengths), dtype=torch.float32)
+        advantages[mine] = flat["advantages"]
+        ref_rows: dict[int, torch.Tensor] | list[torch.Tensor] | None = None
         if header["has_ref"]:
-            specs["ref"] = (torch.float32, total - len(lengths))
-        if any(versioned):
-            specs["versions"] = (torch.long, sum(n for n, v in zip(lengths, versioned, strict=True) if v))
-        flat = fdist.broadcast_tensors(flat, specs, self.ctx)
-        tokens = flat["tokens"].split(lengths)
-        logprobs = flat["logprobs"].split(lengths)
-        masks = flat["mask"].split(lengths)
-        versions: list[list[int] | None] = [None] * len(lengths)
-        if any(versioned):
-            rows = iter(flat["versions"].split([n for n, v in zip(lengths, versioned, strict=True) if v]))
-            versions = [next(rows).tolist() if v else None for v in versioned]
-        datums = [
-            shift_datum(t.tolist(), lp.tolist(), m.tolist(), v)
-            for t, lp, m, v in zip(tokens, logprobs, masks, versions, strict=True)
-        ]
-        ref_rows = None
-        if header["has_ref"]:
-            ref_rows = list(flat["ref"].split([n - 1 for n in lengths]))
+            ref_rows = dict(zip(mine, flat["ref"].split([n - 1 for n in my_lengths]), strict=True))
         elif ref is not None:
             ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref]
-        return datums, flat["advantages"], ref_rows
+        return datums, advantages, ref_rows
 
     def _do_train(
         self,
@@ -434,10 +421,12 @@ class PolicyTrainer:
         self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
         ref_now = ref_future.result(REF_WAIT_TIMEOUT_S) if (ref_future is not None and self.ctx.enabled) else None
         datums, advantages, ref_rows = self._step_tensors(header, batch, ref_now)
+        figures = RowFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
+        num_rows = len(header["lengths"])
         metrics: dict[str, float] = {}
-        if datums:
+        if num_rows:
             try:
-                metrics = self.loop.train_batch(datums, advantages, ref_rows, ref_future)
+                metrics = self.loop.train_batch(datums, advantages, ref_rows, ref_future, figures)
                 self.state.optimizer_steps += int(metrics[mn.OPTIMIZER_STEPS])
             except BaseException:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -497,7 +486,7 @@ class PolicyTrainer:
                 step,
                 self.version,
                 metrics.get(mn.LOSS, float("nan")),
-                len(datums),
+                num_rows,
                 train_time,
             )
         return result
@@ -621,6 +610,42 @@ class PolicyTrainer:
             logger.info("exported version %d as a LoRA adapter to %s", self.version, out)
         fdist.barrier(self.ctx)
         return out
+
+
+def _flat_rows(batch: StepBatch, ref: list[list[float]] | None, rows: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The samples `rows` of the step as flat 1-D tensors (the fields of `_flat_specs`), end to end in row order."""
+    samples = [batch.samples[i] for i in rows]
+    flat = {
+        "tokens": torch.tensor([t for s in samples for t in s.tokens], dtype=torch.long),
+        "logprobs": torch.tensor([x for s in samples for x in s.logprobs], dtype=torch.float32),
+        "mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.long),
+        "advantages": torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32),
+    }
+    if ref is not None:
+        flat["ref"] = torch.tensor([x for i in rows for x in ref[i]], dtype=torch.float32)
+    if any(s.versions is not None for s in batch.samples):
+        flat["versions"] = torch.tensor(
+            [v for s in samples if s.versions is not None for v in s.versions], dtype=torch.long
+        )
+    return flat
+
+
+def _flat_specs(
+    lengths: Sequence[int], versioned: Sequence[bool], has_ref: bool, rows: Sequence[int]
+) -> dict[str, tuple[torch.dtype, int]]:
+    """Dtype and length of each flat tensor of `_flat_rows` for `rows`, from the header alone."""
+    total = sum(lengths[i] for i in rows)
+    specs = {
+        "tokens": (torch.long, total),
+        "logprobs": (torch.float32, total),
+        "mask": (torch.long, total),
+        "advantages": (torch.float32, len(rows)),
+    }
+    if has_ref:
+        specs["ref"] = (torch.float32, total - len(rows))
+    if any(versioned):
+        specs["versions"] = (torch.long, sum(lengths[i] for i in rows if versioned[i]))
+    return specs
 
 
 def _done_future(value: Any) -> Future[Any]:

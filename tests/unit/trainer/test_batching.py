@@ -8,7 +8,15 @@ import torch
 from fleetrl.losses import policy_loss
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import RolloutGroup
-from fleetrl.trainer.batching import Totals, build_step_batch, chunk, part_loss_scale, split_even
+from fleetrl.trainer.batching import (
+    RowFigures,
+    Totals,
+    build_step_batch,
+    chunk,
+    part_loss_scale,
+    rank_rows,
+    split_even,
+)
 
 
 def _sample(reward: float, versions: list[int] | None = None, metrics: dict | None = None) -> RolloutSample:
@@ -108,3 +116,25 @@ def test_samples_with_token_ids_beyond_the_vocabulary_are_refused_not_fatal():
     bad = RolloutSample([1, 2, 100512, 4], [0.0, 0.0, -1.0, -1.0], [0, 0, 1, 1], 1.0)
     batch = build_step_batch([RolloutGroup(1, 0, [*good, bad])], vocab_size=1000)
     assert batch.num_samples == 2 and batch.stats["train/samples_refused_vocab"] == 1.0
+
+
+@pytest.mark.parametrize(("n", "minibatches", "world"), [(7, 1, 2), (15, 2, 2), (9, 2, 4), (1, 1, 2), (0, 2, 2)])
+def test_rank_rows_partition_the_step_as_the_minibatches_split_across_ranks(n, minibatches, world):
+    per_rank = [rank_rows(n, minibatches, world, r) for r in range(world)]
+    assert sorted(i for rows in per_rank for i in rows) == list(range(n))  # every row on exactly one rank
+    for minibatch in (list(r) for r in split_even(n, minibatches) if r):
+        shares = [[i for i in rows if i in minibatch] for rows in per_rank]
+        assert shares == [[minibatch[j] for j in r] for r in split_even(len(minibatch), world)]
+
+
+def test_rank_rows_of_an_uneven_step():
+    assert [rank_rows(7, 2, 2, r) for r in (0, 1)] == [[0, 1, 4, 5], [2, 3, 6]]
+
+
+def test_row_figures_give_the_totals_and_width_of_the_rows_themselves():
+    masks = [[0, 1, 1], [0, 0], [1, 1, 1, 0], [0, 1]]
+    figures = RowFigures([len(m) for m in masks], [sum(m) for m in masks])
+    assert len(figures) == 4
+    for rows in ([0, 1, 2, 3], [1, 3], [1], [2, 0]):
+        assert figures.totals(rows) == Totals.of([masks[i] for i in rows])
+        assert figures.width(rows) == max(len(masks[i]) for i in rows)

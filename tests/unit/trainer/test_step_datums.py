@@ -1,6 +1,6 @@
 """The datums a step trains on are `fleetrl.datum.build_datum`'s, on one process and on every rank of a
-distributed step (whose samples cross ranks as flat tensors): the one-token shift, the logprobs and the per-token
-policy versions arrive unchanged."""
+distributed step (where each rank receives only the rows it trains, as flat tensors): the one-token shift, the
+logprobs and the per-token policy versions arrive unchanged."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import dataclasses
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from fleetrl import RolloutSample
 from fleetrl.datum import build_datum
@@ -45,24 +44,54 @@ def test_a_single_process_step_trains_build_datum_of_each_sample(trainer):
     assert advantages.tolist() == [1.0, -1.0, 0.0]
 
 
-def test_every_rank_of_a_distributed_step_gets_the_same_datums_versions_included(trainer, monkeypatch):
-    sent: dict[str, torch.Tensor] = {}
+def _fake_scatter(monkeypatch) -> list:
+    """`fdist.scatter_tensors` without a process group: rank 0's call keeps each rank's part; a follower's returns its
+    own (checked against the specs it derived from the header alone)."""
+    sent: list = []
 
-    def broadcast(tensors, specs, ctx):  # rank 0 sends; the others receive what it sent
+    def scatter(parts, specs, ctx):
         if ctx.is_main:
-            sent.update({k: v.clone() for k, v in tensors.items()})
-        assert {k: (dt, n) for k, (dt, n) in specs.items()} == {k: (v.dtype, len(v)) for k, v in sent.items()}
-        return {k: v.clone() for k, v in sent.items()}
+            sent[:] = [{k: v.clone() for k, v in part.items()} for part in parts]
+        mine = sent[ctx.rank]
+        assert {k: (dt, n) for k, (dt, n) in specs.items()} == {k: (v.dtype, len(v)) for k, v in mine.items()}
+        return {k: v.clone() for k, v in mine.items()}
 
-    monkeypatch.setattr(fdist, "broadcast_tensors", broadcast)
+    monkeypatch.setattr(fdist, "scatter_tensors", scatter)
+    return sent
+
+
+def test_each_rank_of_a_distributed_step_gets_the_datums_of_its_rows_versions_included(trainer, monkeypatch):
+    sent = _fake_scatter(monkeypatch)
     batch = SimpleNamespace(samples=SAMPLES, advantages=[1.0, -1.0, 0.0])
     expected = [build_datum(s) for s in SAMPLES]
     assert expected[0].versions == [3, 3, 4] and expected[1].versions is None and expected[2].versions == [5]
+    assert trainer.cfg.num_minibatches == 1  # 3 rows over 2 ranks: rank 0 trains rows 0 and 1, rank 1 row 2
 
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
-    main, _, _ = trainer._step_tensors(_header(), batch, None)
+    main, main_adv, _ = trainer._step_tensors(_header(), batch, None)
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
-    follower, advantages, _ = trainer._step_tensors(_header(), None, None)
-    assert main == expected
-    assert follower == expected
-    assert advantages.tolist() == [1.0, -1.0, 0.0]
+    follower, follower_adv, _ = trainer._step_tensors(_header(), None, None)
+    assert main == {0: expected[0], 1: expected[1]}
+    assert follower == {2: expected[2]}
+    assert main_adv[[0, 1]].tolist() == [1.0, -1.0] and follower_adv[[2]].tolist() == [0.0]
+    # What crossed to rank 1 is its row alone: 2 tokens, its advantage, its versions.
+    assert {k: len(v) for k, v in sent[1].items()} == {
+        "tokens": 2,
+        "logprobs": 2,
+        "mask": 2,
+        "advantages": 1,
+        "versions": 2,
+    }
+
+
+def test_the_reference_logprobs_of_a_rank_are_those_of_its_rows(trainer, monkeypatch):
+    _fake_scatter(monkeypatch)
+    batch = SimpleNamespace(samples=SAMPLES, advantages=[1.0, -1.0, 0.0])
+    ref = [[-0.5, -1.0, -1.5], [-2.0, -2.5], [-3.0]]
+    header = {**_header(), "has_ref": True}
+    trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
+    _, _, main_ref = trainer._step_tensors(header, batch, ref)
+    trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
+    _, _, follower_ref = trainer._step_tensors(header, None, None)
+    assert {i: t.tolist() for i, t in main_ref.items()} == {0: ref[0], 1: ref[1]}
+    assert {i: t.tolist() for i, t in follower_ref.items()} == {2: ref[2]}
