@@ -4,7 +4,6 @@ report the same loss, end with the same weights, and write a DCP checkpoint that
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 import torch
@@ -12,8 +11,9 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
-from fleetrl.trainer import DistContext, PolicyTrainer
+from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer.distributed import destroy
+from tests.integration.trainer.rank_env import rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -22,11 +22,7 @@ SETTINGS = {"num_minibatches": 2, "policy_loss": "grpo", "loss_agg_mode": "seq-m
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    torch.set_num_threads(1)
-    ctx = DistContext.from_env(device="cpu", timeout_s=120)
+    ctx = rank_context(rank, world, port)
     cfg = make_cfg(model_dir, f"{workdir}/fsdp", **SETTINGS)
     trainer = PolicyTrainer(cfg, dist_ctx=ctx, micro_batch_size=2)
     try:
@@ -78,11 +74,7 @@ LORA_SETTINGS = {**SETTINGS, "lora_rank": 4, "kl_beta": 0.1, "learning_rate": 1e
 def _lora_worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
     from safetensors.torch import save_file
 
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    torch.set_num_threads(1)
-    ctx = DistContext.from_env(device="cpu", timeout_s=120)
+    ctx = rank_context(rank, world, port)
     published: list[tuple[int, dict, dict]] = []
     cfg = make_cfg(model_dir, f"{workdir}/fsdp", **LORA_SETTINGS)
     trainer = PolicyTrainer(

@@ -5,18 +5,17 @@ the step's rows are exactly those of its share (`rank_rows`), not the whole batc
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-import torch
 import torch.multiprocessing as mp
 
 from fleetrl import metric_names as mn
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
-from fleetrl.trainer import DistContext, PolicyTrainer
+from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer.batching import rank_rows
+from tests.integration.trainer.rank_env import rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,11 +33,7 @@ def _ref_logprobs(sequences: list[list[int]], temperature: float) -> list[list[f
 
 
 def _worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
-    os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
-    )
-    torch.set_num_threads(1)
-    ctx = DistContext.from_env(device="cpu", timeout_s=120)
+    ctx = rank_context(rank, world, port)
     cfg = make_cfg(model_dir, f"{workdir}/dist", **SETTINGS)
     trainer = PolicyTrainer(cfg, dist_ctx=ctx, micro_batch_size=1, ref_logprobs_fn=_ref_logprobs)
     fdist.RECEIVED.reset()

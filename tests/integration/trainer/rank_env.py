@@ -1,0 +1,18 @@
+"""The per-rank setup the spawned multi-rank trainer tests share."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from fleetrl.trainer import DistContext
+
+
+def rank_context(rank: int, world: int, port: int, timeout_s: float = 120) -> DistContext:
+    """Join a `world`-rank CPU (gloo) process group on loopback `port` as `rank`, one torch thread."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    return DistContext.from_env(device="cpu", timeout_s=timeout_s)
