@@ -283,6 +283,22 @@ def test_a_lora_run_starts_inference_serving_adapters_of_its_rank():
     assert "--max-lora-rank" not in inference_args({})
 
 
+def test_inference_serves_the_dtype_the_trainer_publishes_in():
+    """--dtype is run.config.inference_dtype, else run.config.dtype, else float32: a replica refuses weights of
+    another dtype than it serves, so a chart that got this wrong would fail every push."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    def dtype(config: dict) -> str:
+        manifests = render_chart({"run": {"config": config}}, name="r")
+        pod = by_kind(manifests, "StatefulSet")["r-fleetrl-inference"]["spec"]["template"]["spec"]
+        args = [str(a) for a in pod["containers"][0]["args"]]
+        return config_from_args(build_parser().parse_args(args[2:])).dtype
+
+    assert dtype({}) == "float32"
+    assert dtype({"dtype": "bfloat16"}) == "bfloat16"
+    assert dtype({"dtype": "float32", "inference_dtype": "bfloat16"}) == "bfloat16"
+
+
 def test_every_series_gets_the_run_label_from_the_pods():
     """Each pod carries fleetrl.io/run (run.name, else the release name) and the ServiceMonitor turns it into the
     `run` label the Grafana dashboard's $run variable selects: two releases in one Prometheus stay apart."""

@@ -196,6 +196,18 @@ def test_inference_takes_the_lora_rank_from_the_env():
         assert config_from_args(build_parser().parse_args(command[2:])).max_lora_rank == rank
 
 
+def test_inference_serves_the_dtype_from_the_env():
+    """FLEETRL_INFERENCE_DTYPE (the run's inference_dtype) reaches the replica as --dtype; float32 by default."""
+    from fleetrl.services.inference.launcher import build_parser, config_from_args
+
+    for env, dtype in (
+        (env_example(), "float32"),
+        (env_example() | {"FLEETRL_INFERENCE_DTYPE": "bfloat16"}, "bfloat16"),
+    ):
+        command = [str(a) for a in load_compose(COMPOSE_FILE, env)["services"]["inference"]["command"]]
+        assert config_from_args(build_parser().parse_args(command[2:])).dtype == dtype
+
+
 # --- The prompt rows: FLEETRL_ROWS, FLEETRL_DATA_DIR, docker-compose.rows-url.yml ------------------------------
 
 ROWS_URL_FILE = REPO / "docker-compose.rows-url.yml"
