@@ -3,8 +3,8 @@
 A gateway with nothing to do asks for rows with `LeaseRowsRequest.wait_s`: instead of answering "none, retry in
 0.2 s", the controller holds the call until the gate opens, rows are requeued or the run ends (`notify`), then
 leases again. In a synchronous run that turns the gap between a step's weight push and the next rollouts from a
-poll interval into a wake-up. Waiters also re-check every `recheck_s`, so a change nobody notified (a lease
-expiring, a replica coming back) is seen within that, as before.
+poll interval into a wake-up. Waiters also re-check on their own (the servicer's LEASE_RECHECK_S, the gateways' old
+poll interval), so a change nobody notified (a replica coming back) is seen as soon as before.
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 MAX_LEASE_WAIT_S = 5.0
 """The longest a LeaseRows call is held (`LeaseRowsRequest.wait_s` is capped to it)."""
-LEASE_RECHECK_S = 0.05
-"""A held LeaseRows call tries to lease again at least this often, notified or not."""
+LEASE_RECHECK_S = 0.2
+"""A held LeaseRows call tries to lease again at least this often, notified or not: what a gateway's poll interval
+was, so a change nobody signals (a replica back in rotation) is seen no later than before, and many gateways holding
+calls cost the controller no more than their polls did."""
 KIND_NAMES = {
     controller_pb2.GATEWAY: "gateway",
     controller_pb2.INFERENCE: "inference",
