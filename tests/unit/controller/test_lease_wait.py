@@ -136,3 +136,31 @@ async def test_max_leased_leases_the_gateways_free_capacity_when_the_call_is_ans
     again = controller_pb2.LeaseRowsRequest(gateway_id="gw", max_rows=1, max_leased=3)
     assert len((await servicer.LeaseRows(again, Context())).rows) == 2  # 3 - 1
     assert servicer.scheduler.leased_to("other") == 0
+
+
+async def test_a_gateway_that_goes_away_during_a_held_call_is_leased_nothing(tmp_path, monkeypatch):
+    """Over real gRPC: the gateway's held call is cancelled (it died or hung up); when the gate then opens, no row
+    is leased to it. gRPC cancels the held handler, so it never leases rows nobody would receive (a handler that
+    swallowed the cancellation and leased anyway fails this test)."""
+    import grpc
+
+    from fleetrl.v1 import controller_pb2_grpc
+
+    monkeypatch.setattr(servicer_module, "LEASE_RECHECK_S", 30.0)
+    servicer, orch = make(tmp_path)
+    server = grpc.aio.server()
+    controller_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = controller_pb2_grpc.ControllerStub(channel).LeaseRows(request(wait_s=5.0))
+            await asyncio.sleep(0.2)  # held on the controller
+            call.cancel()
+        await asyncio.sleep(0.2)
+        orch.started = True
+        orch.lease_signal.notify()
+        await asyncio.sleep(0.2)
+        assert servicer.scheduler.leased_to("gw") == 0
+    finally:
+        await server.stop(None)
