@@ -1,4 +1,4 @@
-"""Fixtures for the inference integration tests: ONE vLLM engine shared by every vLLM test of the session.
+"""Fixtures for the inference integration tests: ONE vLLM engine shared by every vLLM test in this package.
 
 A vLLM engine costs ~30 s to start (it spawns an engine-core and a worker process), so all vLLM test modules
 share `vllm_engine`. AsyncLLM is bound to the event loop it runs on, hence the session-scoped event loop: tests
@@ -26,7 +26,10 @@ VLLM_TEST_MARKS = [
 ]
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session")
+# Package scope: the engine stops once the inference tests are done, so its engine-core process (which polls for
+# work while idle, taking a core) does not run beside the rest of the suite. Two CI runs had a spawned two-rank
+# trainer test (tests/integration/trainer/test_fsdp.py, the next module) abort at teardown while it ran.
+@pytest_asyncio.fixture(scope="package", loop_scope="session")
 async def vllm_engine(tiny_model_dir: str) -> AsyncIterator[object]:
     """A started VLLMEngine serving the session's tiny model (float32, 1 GiB KV cache, eager), LoRA enabled
     (rank <= VLLM_MAX_LORA_RANK) so that the LoRA tests share it; requests without an adapter run on the base."""
