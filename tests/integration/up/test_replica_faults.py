@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -99,9 +100,13 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
     steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
     assert [m["step"] for m in steps] == list(range(1, 41))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
-    # Calls stuck on the stopped replica moved to the other as soon as it was fenced (the unit test of the sampler,
-    # test_calls_in_flight_to_a_fenced_replica_move_to_another_at_once, shows they would wait out the timeout).
-    assert "calls in flight retried elsewhere" in (run_dir / "gateway-0.log").read_text()
+    # No row waited out the 120 s Generate timeout: calls stuck on the stopped replica moved to the other as soon as
+    # it was fenced (the mechanism is unit-tested: test_calls_in_flight_to_a_fenced_replica_move_to_another_at_once).
+    # Whether any call was on it when it stopped is a race (a row's calls are one short request now), so the log line
+    # "calls in flight retried elsewhere" is not required; a stuck row would show in the gateway's worst latency.
+    gateway_log = (run_dir / "gateway-0.log").read_text()
+    worst_ms = float(re.search(r"p99=([\d.]+) ms", gateway_log).group(1))
+    assert worst_ms < 60_000, gateway_log[-2000:]
 
 
 def replica_status(address: str, token: str):
