@@ -13,6 +13,8 @@ http_api.py): the run's bearer token and the policy-version headers.
   a version in [policy-version, policy-version-max]. A streaming response starts before its first token: there
   the two usually agree, and a later swap is not reflected.
 - `observe(path, status)`, when given, is called once per authorized HTTP response as it starts (metrics).
+- `track()`, when given, is an async context manager entered around each authorized request until its response
+  has been sent (a LoRA vLLM engine's `holding_adapters`: no adapter the request may use is removed meanwhile).
 
 The middleware wraps the finished app (vLLM's build_app has already built its middleware stack, so
 `app.add_middleware` would fail there) and reads the version at `http.response.start`, so it works for streaming.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 Scope = MutableMapping[str, Any]
@@ -64,12 +67,14 @@ class AuthVersionMiddleware:
         token: str | None,
         version_fn: Callable[[], int],
         observe: Callable[[str, int], None] | None = None,
+        track: Callable[[], AbstractAsyncContextManager[None]] | None = None,
         open_paths: tuple[str, ...] = OPEN_PATHS,
     ) -> None:
         self.app = app
         self.token = token
         self.version_fn = version_fn
         self.observe = observe
+        self.track = track
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -92,7 +97,11 @@ class AuthVersionMiddleware:
                     self.observe(path, int(message["status"]))
             await send(message)
 
-        await self.app(scope, receive, send_with_versions)
+        if self.track is None:
+            await self.app(scope, receive, send_with_versions)
+            return
+        async with self.track():
+            await self.app(scope, receive, send_with_versions)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "websocket":  # close the handshake: 1008 = policy violation

@@ -1,6 +1,6 @@
 """The uvicorn server that runs the OpenAI-compatible app as a task in the service's event loop: vLLM's own OpenAI
-serving layer on the engine's AsyncLLM for engine "vllm" (vllm_openai.py), the minimal app of http_api.py for
-engine "hf"; either wrapped in http_auth.py's middleware (the run's token, the policy-version headers).
+serving layer on the engine's AsyncLLM for engine "vllm" (vllm_openai.py, LoRA runs included), the minimal app of
+http_api.py for engine "hf"; either wrapped in http_auth.py's middleware (the run's token, the policy-version headers).
 
     server, port = await start_http_server(config, engine, metrics)   # config.http_port 0 = pick
     ...
@@ -54,17 +54,19 @@ def _request_counter(metrics: InferenceMetrics) -> Callable[[str, int], None]:
 
 
 async def build_app(config: InferenceConfig, engine: InferenceEngine, metrics: InferenceMetrics) -> Any:
-    """The ASGI app for `engine`: vLLM's OpenAI app (its generate requests counted in `metrics` as they start) or
-    http_api.py's (which counts its own; the hf engine, and the vLLM engine serving LoRA adapter versions), behind
-    the auth and version middleware."""
+    """The ASGI app for `engine`: vLLM's OpenAI app (its generate requests counted in `metrics` as they start;
+    with LoRA, the served model name mapped to the newest adapter version, whose adapters requests keep while
+    they run) or, for the hf engine, http_api.py's (which counts its own), behind the auth and version
+    middleware."""
     observe: Callable[[str, int], None] | None = None
-    # A LoRA run's versions are adapters fleetrl loads per version (vllm_engine.py), which vLLM's serving layer
-    # does not know: its requests would run on the base weights. There the minimal app serves, through the engine.
-    if engine.engine_name == "vllm" and not config.max_lora_rank:
+    track = None
+    if engine.engine_name == "vllm":
         from fleetrl.services.inference.vllm_openai import build_vllm_openai_app
 
         app = await build_vllm_openai_app(config, engine)
         observe = _request_counter(metrics)
+        if config.max_lora_rank:
+            track = engine.holding_adapters
     else:
         from transformers import AutoTokenizer
 
@@ -73,7 +75,9 @@ async def build_app(config: InferenceConfig, engine: InferenceEngine, metrics: I
         tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, config.model)
         app = create_app(engine, tokenizer, metrics, config)
     token = resolve_auth_token(config.auth_token)
-    return AuthVersionMiddleware(app, token=token, version_fn=lambda: engine.loaded_version, observe=observe)
+    return AuthVersionMiddleware(
+        app, token=token, version_fn=lambda: engine.loaded_version, observe=observe, track=track
+    )
 
 
 async def start_http_server(

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -39,8 +40,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fleetrl.model_path import check_model_path
@@ -55,6 +56,7 @@ from fleetrl.services.inference.engine import (
     SamplingRequest,
     WeightLoadError,
 )
+from fleetrl.services.inference.vllm_adapters import Adapter, AdapterBook
 from fleetrl.services.inference.vllm_worker import (
     STAGE_FAILED,
     STAGE_READY,
@@ -75,16 +77,6 @@ _VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Adapters in one batch: the newest version's, the previous one's for requests that started before the swap,
 # and one more so that a request spanning two swaps does not hold new requests back.
 _MAX_LORAS = 3
-
-
-@dataclass(eq=False)
-class _Adapter:
-    """One adapter version loaded into vLLM, and how many requests in flight use it."""
-
-    version: int
-    request: Any  # vllm LoRARequest
-    path: Path
-    users: int = 0
 
 
 def vllm_lora_rank(max_lora_rank: int) -> int:
@@ -147,8 +139,7 @@ class VLLMEngine(InferenceEngine):
         if weight_update not in WEIGHT_UPDATE_PATHS:
             raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_PATHS}, got {weight_update!r}")
         self.weight_update = weight_update  # may be changed between loads (bench/swap_pause.py compares the two)
-        self._adapter: _Adapter | None = None  # the newest adapter version: new requests use it
-        self._retiring: list[_Adapter] = []  # older versions that requests in flight still use
+        self._adapters = AdapterBook()  # the newest adapter version (new requests use it) and retiring ones
         self._next_lora_id = 1
         self._lora_dir: Path | None = None
         self._base_spec: Any = None  # the model's weight spec, for checking adapters (built once)
@@ -237,6 +228,29 @@ class VLLMEngine(InferenceEngine):
             self._lora_dir = None
 
     @property
+    def adapter(self) -> Adapter | None:
+        """The newest LoRA adapter version (new requests get it); None: requests run on the full weights."""
+        return self._adapters.current
+
+    def watch_adapter(self, listener: Callable[[Any], None]) -> None:
+        """Call `listener(lora_request or None)` now and whenever a new adapter version (or a full-weight
+        version, None) starts serving new requests: vLLM's OpenAI serving layer maps the served model name to
+        it (vllm_openai.py)."""
+        self._adapters.watch(listener)
+
+    @contextlib.asynccontextmanager
+    async def holding_adapters(self) -> AsyncIterator[None]:
+        """Around an HTTP request to vLLM's serving layer: no adapter it may use (the one loaded when it arrived,
+        or a newer one) is removed before it ends."""
+        arrived = self.loaded_version
+        self._adapters.hold(arrived)
+        try:
+            yield
+        finally:
+            self._adapters.release(arrived)
+            await self._retire_unused()
+
+    @property
     def async_llm(self) -> Any:
         """The started vLLM `AsyncLLM` (the engine client vLLM's own OpenAI server runs on: vllm_openai.py)."""
         if self._llm is None:
@@ -308,7 +322,7 @@ class VLLMEngine(InferenceEngine):
         )
         self._requests_total += 1
         self._in_flight_seqs += request.n
-        adapter = self._adapter  # the request keeps this adapter (and so its version) to the end
+        adapter = self._adapters.current  # the request keeps this adapter (and so its version) to the end
         if adapter is not None:
             adapter.users += 1
         try:
@@ -340,7 +354,7 @@ class VLLMEngine(InferenceEngine):
             raise EngineError("vLLM ended the request without a final output")
         return final
 
-    def _completion(self, out: Any, prompt_len: int, adapter: _Adapter | None) -> tuple[int, Completion]:
+    def _completion(self, out: Any, prompt_len: int, adapter: Adapter | None) -> tuple[int, Completion]:
         if out.finish_reason not in (FINISH_STOP, FINISH_LENGTH):
             raise EngineError(f"vLLM finished a completion with reason {out.finish_reason!r}")
         token_ids = [int(t) for t in out.token_ids]
@@ -416,9 +430,8 @@ class VLLMEngine(InferenceEngine):
                 except Exception:  # cleanup only: the load's own error is what the caller needs
                     logger.warning("could not discard staged weights %s", load_id, exc_info=True)
                 raise
-            if self._adapter is not None:  # a full model is a new base: new requests go without the old adapter
-                self._retiring.append(self._adapter)
-                self._adapter = None
+            if self._adapters.current is not None:  # a full model is a new base: new requests go without it
+                self._adapters.replace(None)
                 await self._retire_unused()
             # The server logs the one INFO line per load; this is for engine-level debugging.
             logger.debug(
@@ -555,10 +568,8 @@ class VLLMEngine(InferenceEngine):
         except Exception as exc:  # vLLM's own checks (and its worker errors) come back as plain exceptions
             shutil.rmtree(path, ignore_errors=True)
             raise WeightLoadError(f"vLLM refused LoRA adapter version {version}: {exc}") from exc
-        old, self._adapter = self._adapter, _Adapter(version, request, path)
+        self._adapters.replace(Adapter(version, request, path))
         self.loaded_version, self.loaded_checksum = version, manifest.checksum
-        if old is not None:
-            self._retiring.append(old)
         await self._retire_unused()
         return LoadResult(version, manifest.checksum, time.perf_counter() - start, 0.0)
 
@@ -602,9 +613,7 @@ class VLLMEngine(InferenceEngine):
 
     async def _retire_unused(self) -> None:
         """Remove older adapters that no request in flight uses any more (and delete their folders)."""
-        unused = [a for a in self._retiring if a.users == 0]
-        self._retiring = [a for a in self._retiring if a.users > 0]
-        for adapter in unused:
+        for adapter in self._adapters.take_unused():
             if self._llm is not None:
                 try:
                     await asyncio.wait_for(self._llm.remove_lora(adapter.request.lora_int_id), _RPC_TIMEOUT_S)

@@ -4,6 +4,10 @@ API through `VLLMEngine.generate`, and the app `vllm serve` would build, with it
 
     app = await build_vllm_openai_app(config, engine)   # a FastAPI app bound to engine.async_llm
 
+In a LoRA run (max_lora_rank > 0) the served model name maps to the newest adapter version (the engine's
+`watch_adapter`), so requests run on the current policy; a response's `model` is that adapter's name,
+`fleetrl-v<version>`, as vLLM names a response after the adapter that served it.
+
 http_server.py serves it under uvicorn in the service's event loop (lifespan off: vLLM's lifespan would freeze
 the gc heap for the whole process and delete app.state on exit) and wraps it in http_auth.py's middleware (the
 run's token, the policy-version headers). VLLM_SERVER_DEV_MODE stays off, so no /pause or /update_weights routes;
@@ -57,7 +61,23 @@ async def build_vllm_openai_app(config: InferenceConfig, engine: Any) -> Any:
     # The router reads its route list per request: dropping routes works after the middleware stack was built.
     app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) not in _DROPPED_ROUTES]
     await init_app_state(llm, app.state, args, supported_tasks)
+    if config.max_lora_rank:
+        engine.watch_adapter(_served_adapter(app.state.openai_serving_models, config.model_name))
     return app
+
+
+def _served_adapter(models: Any, name: str) -> Any:
+    """A listener that maps the served model name to the newest adapter version in vLLM's model registry: vLLM
+    looks a request's `model` up in `lora_requests` before the base models, so requests naming the model run on
+    the current policy (no entry: on the full weights)."""
+
+    def point(lora_request: Any) -> None:
+        if lora_request is None:
+            models.lora_requests.pop(name, None)
+        else:
+            models.lora_requests[name] = lora_request
+
+    return point
 
 
 def request_outcome(path: str, status: int) -> tuple[str, str] | None:

@@ -44,7 +44,7 @@ async def test_a_request_keeps_its_adapter_across_a_swap_and_the_old_one_goes_on
     with WeightPublisher() as publisher:
         v1 = vllm_engine.loaded_version + 1
         await lora_checks.publish_and_load(vllm_engine, publisher, v1, first)
-        old = vllm_engine._adapter
+        old = vllm_engine.adapter
         in_flight = asyncio.create_task(vllm_engine.generate(long))
         try:
             result, _ = await lora_checks.publish_and_load(vllm_engine, publisher, v1 + 1, second)
@@ -61,6 +61,6 @@ async def test_a_request_keeps_its_adapter_across_a_swap_and_the_old_one_goes_on
     assert lora_checks.max_logprob_diff(second, short, after) < LOGPROB_TOL
     # Once the last request using it is done, v1's adapter is gone from vLLM and from disk.
     assert not Path(old.path).exists()
-    assert set(await vllm_engine._llm.list_loras()) == {vllm_engine._adapter.request.lora_int_id}
+    assert set(await vllm_engine._llm.list_loras()) == {vllm_engine.adapter.request.lora_int_id}
     await lora_checks.restore_base(vllm_engine, tiny_model_dir)
     assert set(await vllm_engine._llm.list_loras()) == set()

@@ -1,0 +1,142 @@
+"""A LoRA run's replica on vLLM's own OpenAI serving layer (services/inference/vllm_openai.py): the served model
+name maps to the newest adapter version, so requests run on the current policy with everything vLLM's layer
+offers (streaming here), and a request keeps the adapter it started with across a swap.
+
+Adapters are real PEFT adapters on the session's tiny model (lora_checks.py); the reference logprobs are the
+PEFT model's forward, as the trainer computes them. Completions are asked for with token-id prompts and
+`return_tokens_as_token_ids`, so the tokens compare exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("vllm")
+
+import openai
+
+from fleetrl.services.inference.config import InferenceConfig
+from fleetrl.services.inference.http_auth import VERSION_HEADER
+from fleetrl.services.inference.server import create_server
+from fleetrl.trainer.model import sequence_logprobs
+from fleetrl.weights import WeightPublisher
+from tests.integration.inference import lora_checks
+from tests.integration.inference.conformance import LOGPROB_TOL, load_reference
+from tests.integration.inference.conftest import VLLM_MAX_LORA_RANK, VLLM_TEST_MARKS
+
+pytestmark = VLLM_TEST_MARKS
+TOKEN = "tok-openai-lora"
+MODEL = "tiny-lora"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def served(vllm_engine, tiny_model_dir):
+    """The inference service of a LoRA run on the shared engine, and an openai client for it."""
+    config = InferenceConfig(
+        model=tiny_model_dir,
+        engine="vllm",
+        grpc_port=0,
+        http_port=0,
+        metrics_port=0,
+        relay_port=None,
+        served_model_name=MODEL,
+        auth_token=TOKEN,
+        max_lora_rank=VLLM_MAX_LORA_RANK,
+    )
+    service = create_server(config, vllm_engine)
+    await service.start(start_engine=False)
+    client = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key=TOKEN, max_retries=0, timeout=300
+    )
+    try:
+        yield service, client
+    finally:
+        await client.close()
+        await service.stop()
+
+
+def _params(max_tokens: int, seed: int) -> dict:
+    return dict(
+        model=MODEL,
+        prompt=lora_checks.PROMPT,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        seed=seed,
+        logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True, "ignore_eos": True},
+    )
+
+
+def _token_ids(tokens: list[str]) -> list[int]:
+    return [int(t.removeprefix("token_id:")) for t in tokens]
+
+
+def _max_diff(reference: list[float], served: list[float]) -> float:
+    return max(abs(a - b) for a, b in zip(reference, served, strict=True))
+
+
+async def test_requests_naming_the_model_run_on_the_newest_adapter_then_on_full_weights(served, tiny_model_dir):
+    service, client = served
+    engine = service.engine
+    adapter = lora_checks.make_adapter(tiny_model_dir, seed=31)
+    with WeightPublisher() as publisher:
+        version = engine.loaded_version + 1
+        await lora_checks.publish_and_load(engine, publisher, version, adapter)
+        raw = await client.completions.with_raw_response.create(**_params(12, seed=3))
+        stream = await client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+    reply = raw.parse()
+    assert raw.headers[VERSION_HEADER] == str(version)
+    assert reply.model == f"fleetrl-v{version}"  # vLLM names a response after the adapter that served it
+    choice = reply.choices[0]
+    tokens = _token_ids(choice.logprobs.tokens)
+    reference = lora_checks.trainer_logprobs(adapter, lora_checks.PROMPT, tokens)
+    assert _max_diff(reference, choice.logprobs.token_logprobs) < LOGPROB_TOL
+    assert len(chunks) > 2 and {c.model for c in chunks} == {f"fleetrl-v{version}"}
+
+    await lora_checks.restore_base(engine, tiny_model_dir)  # a full-weight version: no adapter any more
+    base = (await client.completions.create(**_params(12, seed=3))).choices[0]
+    assert (await client.completions.create(**_params(1, seed=3))).model == MODEL
+    base_tokens = _token_ids(base.logprobs.tokens)
+    (full,) = sequence_logprobs(load_reference(tiny_model_dir), [lora_checks.PROMPT + base_tokens])
+    assert _max_diff(full[len(lora_checks.PROMPT) - 1 :], base.logprobs.token_logprobs) < LOGPROB_TOL
+
+
+async def test_a_streaming_request_keeps_its_adapter_across_a_swap(served, tiny_model_dir):
+    service, client = served
+    engine = service.engine
+    first = lora_checks.make_adapter(tiny_model_dir, seed=32)
+    second = lora_checks.make_adapter(tiny_model_dir, seed=33)
+    with WeightPublisher() as publisher:
+        v1 = engine.loaded_version + 1
+        await lora_checks.publish_and_load(engine, publisher, v1, first)
+        old = engine.adapter
+        stream = await client.completions.create(stream=True, **_params(400, seed=4))
+        tokens, logprobs = [], []
+        async for chunk in stream:  # the request is generating on v1's adapter
+            tokens += _token_ids(chunk.choices[0].logprobs.tokens)
+            logprobs += chunk.choices[0].logprobs.token_logprobs
+            if len(tokens) >= 4:
+                break
+        await lora_checks.publish_and_load(engine, publisher, v1 + 1, second)
+        assert Path(old.path).is_dir(), "the old adapter was removed while an HTTP request still used it"
+        async for chunk in stream:
+            tokens += _token_ids(chunk.choices[0].logprobs.tokens)
+            logprobs += chunk.choices[0].logprobs.token_logprobs
+        after = await client.completions.create(**_params(8, seed=5))
+    assert len(tokens) == 400
+    reference = lora_checks.trainer_logprobs(first, lora_checks.PROMPT, tokens)
+    assert _max_diff(reference, logprobs) < LOGPROB_TOL  # every token came from v1's adapter
+    assert after.model == f"fleetrl-v{v1 + 1}"
+
+    async def old_adapter_gone() -> bool:
+        return not Path(old.path).exists()
+
+    await lora_checks.wait_for(old_adapter_gone, 30, "v1's adapter to be removed once its request ended")
+    assert set(await engine.async_llm.list_loras()) == {engine.adapter.request.lora_int_id}
+    await lora_checks.restore_base(engine, tiny_model_dir)
