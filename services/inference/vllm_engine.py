@@ -40,8 +40,8 @@ import shutil
 import tempfile
 import time
 import uuid
-from pathlib import Path
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 from fleetrl.model_path import check_model_path
