@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 import pytest_asyncio
 
@@ -139,4 +140,37 @@ async def test_a_streaming_request_keeps_its_adapter_across_a_swap(served, tiny_
 
     await lora_checks.wait_for(old_adapter_gone, 30, "v1's adapter to be removed once its request ended")
     assert set(await engine.async_llm.list_loras()) == {engine.adapter.request.lora_int_id}
+    await lora_checks.restore_base(engine, tiny_model_dir)
+
+
+async def test_a_client_that_hangs_up_mid_stream_releases_its_hold(served, tiny_model_dir):
+    service, _ = served
+    engine = service.engine
+    first = lora_checks.make_adapter(tiny_model_dir, seed=34)
+    second = lora_checks.make_adapter(tiny_model_dir, seed=35)
+    with WeightPublisher() as publisher:
+        v1 = engine.loaded_version + 1
+        await lora_checks.publish_and_load(engine, publisher, v1, first)
+        old = engine.adapter
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        body = {**_params(1000, seed=6), "stream": True, "n": 16}
+        body.update(body.pop("extra_body"))
+        url = f"http://127.0.0.1:{service.http_port}/v1/completions"
+        async with (
+            httpx.AsyncClient(headers=auth, timeout=60) as http,
+            http.stream("POST", url, json=body) as response,
+        ):
+            assert response.status_code == 200, await response.aread()
+            lines = response.aiter_lines()
+            while not (await anext(lines)).startswith("data:"):
+                pass  # the request is generating on v1's adapter
+            await lora_checks.publish_and_load(engine, publisher, v1 + 1, second)
+            assert Path(old.path).is_dir()
+        # The connection closes with ~16,000 tokens to go: vLLM aborts the request, and the hold must go with it
+        # (a leaked hold would keep v1's adapter forever).
+
+    async def old_adapter_gone() -> bool:
+        return not Path(old.path).exists()
+
+    await lora_checks.wait_for(old_adapter_gone, 60, "v1's adapter to be removed once its client hung up")
     await lora_checks.restore_base(engine, tiny_model_dir)
