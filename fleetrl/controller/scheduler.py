@@ -204,6 +204,7 @@ class RowScheduler:
             self.gate.resolve(row_id, accepted=False)
             self.counters["rows_rejected"] += 1
             self._journal_row(row_id, "rejected", lease.submit_version)
+            self._close(row_id)
             result = "rejected"
         elif outcome == "failed":
             self.gate.resolve(row_id, accepted=False)
@@ -216,6 +217,7 @@ class RowScheduler:
             else:
                 self.counters["rows_failed"] += 1
                 self._journal_row(row_id, "failed", lease.submit_version)
+                self._close(row_id)
                 result = "failed"
         else:
             raise ValueError(f"unknown outcome {outcome!r}; expected accepted, rejected or failed")
@@ -248,6 +250,7 @@ class RowScheduler:
                 # hang the run, so the row is closed, loudly.
                 self.counters["rows_failed_stale"] += 1
                 self._journal_row(lease.row_id, "failed", lease.submit_version)
+                self._close(lease.row_id)
                 log.warning(
                     "row %d was stale on %d attempts (oldest token version %d, step %d trains against %d); giving up "
                     "on it: check that the rollout returns the sampler's per-token versions",
@@ -304,6 +307,7 @@ class RowScheduler:
         self.trained_steps = max(self.trained_steps, assignment.step)
         for row_id, version in assignment.rows:
             self._journal_row(row_id, "trained", version, step=assignment.step, trained=1)
+            self._close(row_id)
         self._journal_state()
         self._commit()
 
@@ -334,6 +338,11 @@ class RowScheduler:
             "cursor_epoch": self.cursor.position.epoch,
             "cursor_index": self.cursor.position.index,
         }
+
+    def _close(self, row_id: int) -> None:
+        """A row is done (trained, rejected or failed; its journal row says so): forget its attempt count, so the
+        controller's memory holds rows in flight only, not every row of the run."""
+        self.attempts.pop(row_id, None)
 
     # --- journal ---------------------------------------------------------------------------------
     def _journal_row(self, row_id: int, status: str, version: int, step: int = -1, trained: int = 0) -> None:
@@ -376,8 +385,8 @@ class RowScheduler:
         scheduler.next_step = scheduler.trained_steps + 1
         scheduler.counters.update(state.get("counters", {}))
         for row_id, info in journal.rows().items():
-            scheduler.attempts[row_id] = int(info["attempts"])
             if info["status"] not in ("trained", "rejected", "failed"):
+                scheduler.attempts[row_id] = int(info["attempts"])
                 scheduler.queue.append(row_id)
                 step = int(info["step"]) if info["status"] in ("assigned", "queued") else -1
                 journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), step, 0)
@@ -410,6 +419,7 @@ class RowScheduler:
         for row_id, info in self.journal.rows().items():
             step, status = int(info["step"]), info["status"]
             if status == "trained" and step > trainer_version:
+                self.attempts[row_id] = int(info["attempts"])  # open again (closed rows keep no attempt count)
                 self._journal_row(row_id, "queued", int(info["submit_version"]))
                 requeued.append(row_id)
                 lost_steps.append((step, row_id))
@@ -419,6 +429,7 @@ class RowScheduler:
             elif status == "queued" and 0 < step <= trainer_version:
                 self.queue.remove(row_id)
                 self._journal_row(row_id, "trained", int(info["submit_version"]), step=step, trained=1)
+                self._close(row_id)
                 counted.append(row_id)
         # The rows of the steps the trainer lost come back first, step by step (in row order within a step), so
         # the resumed run forms the same steps again: resuming gives the weights an uninterrupted run gives.
