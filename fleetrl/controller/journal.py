@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 ROW_STATUSES = ("leased", "accepted", "assigned", "trained", "rejected", "failed", "queued")
+CLOSED_STATUSES = ("trained", "rejected", "failed")  # a row in one of these is done
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -82,9 +83,25 @@ class Journal:
             return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM state")}
 
     def rows(self) -> dict[int, dict[str, int | str]]:
+        """Every row's ledger line (tests and tools: a long run has one per row occurrence)."""
+        return self._select("")
+
+    def open_rows(self) -> dict[int, dict[str, int | str]]:
+        """The rows not closed (trained, rejected or failed): what a resumed controller puts back in its queue."""
+        marks = ", ".join("?" * len(CLOSED_STATUSES))
+        return self._select(f"WHERE status NOT IN ({marks})", CLOSED_STATUSES)
+
+    def rows_to_align(self, trainer_version: int) -> dict[int, dict[str, int | str]]:
+        """The rows `RowScheduler.align_to_trainer` may move: queued ones, and trained ones of steps after
+        `trainer_version`."""
+        return self._select("WHERE status = 'queued' OR (status = 'trained' AND step > ?)", (trainer_version,))
+
+    def _select(self, where: str, params: tuple[Any, ...] = ()) -> dict[int, dict[str, int | str]]:
         with self._lock:
             cursor = self._db.execute(
-                "SELECT row_id, status, submit_version, attempts, step, trained_count FROM rows ORDER BY row_id"
+                "SELECT row_id, status, submit_version, attempts, step, trained_count FROM rows "
+                f"{where} ORDER BY row_id",
+                params,
             )
             return {
                 r[0]: {"status": r[1], "submit_version": r[2], "attempts": r[3], "step": r[4], "trained_count": r[5]}

@@ -384,12 +384,11 @@ class RowScheduler:
         scheduler.trained_steps = int(state.get("trained_steps", 0))
         scheduler.next_step = scheduler.trained_steps + 1
         scheduler.counters.update(state.get("counters", {}))
-        for row_id, info in journal.rows().items():
-            if info["status"] not in ("trained", "rejected", "failed"):
-                scheduler.attempts[row_id] = int(info["attempts"])
-                scheduler.queue.append(row_id)
-                step = int(info["step"]) if info["status"] in ("assigned", "queued") else -1
-                journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), step, 0)
+        for row_id, info in journal.open_rows().items():  # closed rows stay on disk only
+            scheduler.attempts[row_id] = int(info["attempts"])
+            scheduler.queue.append(row_id)
+            step = int(info["step"]) if info["status"] in ("assigned", "queued") else -1
+            journal.put_row(row_id, "queued", int(info["submit_version"]), int(info["attempts"]), step, 0)
         journal.commit()
         return scheduler
 
@@ -416,7 +415,7 @@ class RowScheduler:
                 "checkpoint_dir, or resume the run it came from)"
             )
         requeued, counted, lost_steps = [], [], []
-        for row_id, info in self.journal.rows().items():
+        for row_id, info in self.journal.rows_to_align(trainer_version).items():
             step, status = int(info["step"]), info["status"]
             if status == "trained" and step > trainer_version:
                 self.attempts[row_id] = int(info["attempts"])  # open again (closed rows keep no attempt count)

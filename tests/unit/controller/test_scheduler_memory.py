@@ -64,3 +64,25 @@ def test_the_journal_keeps_the_attempts_of_closed_rows_and_a_resume_loads_open_r
     )
     assert not resumed.attempts and not resumed.queue
     journal.close()
+
+
+def test_the_journal_selects_open_rows_and_rows_to_align_without_reading_every_row(tmp_path):
+    journal = Journal(tmp_path / "journal.sqlite")
+    lines = {
+        1: ("trained", 3),
+        2: ("trained", 5),
+        3: ("rejected", -1),
+        4: ("failed", -1),
+        5: ("queued", 4),
+        6: ("leased", -1),
+        7: ("accepted", -1),
+        8: ("assigned", 6),
+    }
+    for row_id, (status, step) in lines.items():
+        journal.put_row(row_id, status, 0, 1, step, int(status == "trained"))
+    journal.commit()
+    assert set(journal.open_rows()) == {5, 6, 7, 8}
+    assert set(journal.rows_to_align(4)) == {2, 5}  # trained after step 4, and every queued row
+    assert set(journal.rows_to_align(5)) == {5}
+    assert set(journal.rows()) == set(lines)
+    journal.close()
