@@ -17,14 +17,12 @@ import pytest_asyncio
 
 pytest.importorskip("vllm")
 
-import openai
 
-from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.http_auth import VERSION_HEADER, VERSION_MAX_HEADER
-from fleetrl.services.inference.server import create_server
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import conformance
 from tests.integration.inference.conftest import VLLM_TEST_MARKS
+from tests.integration.inference.served import serve_with_client
 
 pytestmark = VLLM_TEST_MARKS
 TOKEN = "tok-openai"
@@ -46,26 +44,8 @@ FORCED_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(vllm_engine, tiny_model_dir):
     """The inference service (gRPC + vLLM's OpenAI app) on the shared engine, and an openai client for it."""
-    config = InferenceConfig(
-        model=tiny_model_dir,
-        engine="vllm",
-        grpc_port=0,
-        http_port=0,
-        metrics_port=0,
-        relay_port=None,
-        served_model_name=MODEL,
-        auth_token=TOKEN,
-    )
-    service = create_server(config, vllm_engine)
-    await service.start(start_engine=False)
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key=TOKEN, max_retries=0, timeout=120
-    )
-    try:
-        yield service, client
-    finally:
-        await client.close()
-        await service.stop()
+    async with serve_with_client(vllm_engine, tiny_model_dir, model=MODEL, token=TOKEN) as served:
+        yield served
 
 
 def _base(service) -> str:

@@ -17,16 +17,14 @@ import pytest_asyncio
 
 pytest.importorskip("vllm")
 
-import openai
 
-from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.http_auth import VERSION_HEADER
-from fleetrl.services.inference.server import create_server
 from fleetrl.trainer.model import sequence_logprobs
 from fleetrl.weights import WeightPublisher
 from tests.integration.inference import lora_checks
 from tests.integration.inference.conformance import LOGPROB_TOL, load_reference
 from tests.integration.inference.conftest import VLLM_MAX_LORA_RANK, VLLM_TEST_MARKS
+from tests.integration.inference.served import serve_with_client
 
 pytestmark = VLLM_TEST_MARKS
 TOKEN = "tok-openai-lora"
@@ -36,27 +34,10 @@ MODEL = "tiny-lora"
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def served(vllm_engine, tiny_model_dir):
     """The inference service of a LoRA run on the shared engine, and an openai client for it."""
-    config = InferenceConfig(
-        model=tiny_model_dir,
-        engine="vllm",
-        grpc_port=0,
-        http_port=0,
-        metrics_port=0,
-        relay_port=None,
-        served_model_name=MODEL,
-        auth_token=TOKEN,
-        max_lora_rank=VLLM_MAX_LORA_RANK,
-    )
-    service = create_server(config, vllm_engine)
-    await service.start(start_engine=False)
-    client = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{service.http_port}/v1", api_key=TOKEN, max_retries=0, timeout=300
-    )
-    try:
-        yield service, client
-    finally:
-        await client.close()
-        await service.stop()
+    async with serve_with_client(
+        vllm_engine, tiny_model_dir, model=MODEL, token=TOKEN, timeout_s=300, max_lora_rank=VLLM_MAX_LORA_RANK
+    ) as served:
+        yield served
 
 
 def _params(max_tokens: int, seed: int) -> dict:
@@ -73,6 +54,20 @@ def _params(max_tokens: int, seed: int) -> dict:
 
 def _token_ids(tokens: list[str]) -> list[int]:
     return [int(t.removeprefix("token_id:")) for t in tokens]
+
+
+async def _load_next(engine, publisher: WeightPublisher, adapter) -> tuple[int, object]:
+    """Load `adapter` as the next version; returns the version and the engine's adapter record of it."""
+    version = engine.loaded_version + 1
+    await lora_checks.publish_and_load(engine, publisher, version, adapter)
+    return version, engine.adapter
+
+
+async def _removed(path: Path, what: str) -> None:
+    async def gone() -> bool:
+        return not Path(path).exists()
+
+    await lora_checks.wait_for(gone, 60, what)
 
 
 def _max_diff(reference: list[float], served: list[float]) -> float:
@@ -111,12 +106,9 @@ async def test_requests_naming_the_model_run_on_the_newest_adapter_then_on_full_
 async def test_a_streaming_request_keeps_its_adapter_across_a_swap(served, tiny_model_dir):
     service, client = served
     engine = service.engine
-    first = lora_checks.make_adapter(tiny_model_dir, seed=32)
-    second = lora_checks.make_adapter(tiny_model_dir, seed=33)
+    first, second = (lora_checks.make_adapter(tiny_model_dir, seed=seed) for seed in (32, 33))
     with WeightPublisher() as publisher:
-        v1 = engine.loaded_version + 1
-        await lora_checks.publish_and_load(engine, publisher, v1, first)
-        old = engine.adapter
+        v1, old = await _load_next(engine, publisher, first)
         stream = await client.completions.create(stream=True, **_params(400, seed=4))
         tokens, logprobs = [], []
         async for chunk in stream:  # the request is generating on v1's adapter
@@ -135,10 +127,7 @@ async def test_a_streaming_request_keeps_its_adapter_across_a_swap(served, tiny_
     assert _max_diff(reference, logprobs) < LOGPROB_TOL  # every token came from v1's adapter
     assert after.model == f"fleetrl-v{v1 + 1}"
 
-    async def old_adapter_gone() -> bool:
-        return not Path(old.path).exists()
-
-    await lora_checks.wait_for(old_adapter_gone, 30, "v1's adapter to be removed once its request ended")
+    await _removed(old.path, "v1's adapter to be removed once its request ended")
     assert set(await engine.async_llm.list_loras()) == {engine.adapter.request.lora_int_id}
     await lora_checks.restore_base(engine, tiny_model_dir)
 
@@ -146,12 +135,9 @@ async def test_a_streaming_request_keeps_its_adapter_across_a_swap(served, tiny_
 async def test_a_client_that_hangs_up_mid_stream_releases_its_hold(served, tiny_model_dir):
     service, _ = served
     engine = service.engine
-    first = lora_checks.make_adapter(tiny_model_dir, seed=34)
-    second = lora_checks.make_adapter(tiny_model_dir, seed=35)
+    first, second = (lora_checks.make_adapter(tiny_model_dir, seed=seed) for seed in (34, 35))
     with WeightPublisher() as publisher:
-        v1 = engine.loaded_version + 1
-        await lora_checks.publish_and_load(engine, publisher, v1, first)
-        old = engine.adapter
+        v1, old = await _load_next(engine, publisher, first)
         auth = {"Authorization": f"Bearer {TOKEN}"}
         body = {**_params(1000, seed=6), "stream": True, "n": 16}
         body.update(body.pop("extra_body"))
@@ -169,8 +155,5 @@ async def test_a_client_that_hangs_up_mid_stream_releases_its_hold(served, tiny_
         # The connection closes with ~16,000 tokens to go: vLLM aborts the request, and the hold must go with it
         # (a leaked hold would keep v1's adapter forever).
 
-    async def old_adapter_gone() -> bool:
-        return not Path(old.path).exists()
-
-    await lora_checks.wait_for(old_adapter_gone, 60, "v1's adapter to be removed once its client hung up")
+    await _removed(old.path, "v1's adapter to be removed once its client hung up")
     await lora_checks.restore_base(engine, tiny_model_dir)

@@ -22,12 +22,11 @@ from transformers import AutoTokenizer
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.clients.inference_types import Completion, SamplingRequest
 from fleetrl.rpc import check_health, open_channel
-from fleetrl.services.inference.config import InferenceConfig
-from fleetrl.services.inference.server import create_server
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc
 from fleetrl.weights import WeightPublisher, fetch_weights
 from tests.integration.inference import conformance
 from tests.integration.inference.conftest import VLLM_TEST_MARKS
+from tests.integration.inference.served import serve
 
 pytestmark = VLLM_TEST_MARKS
 TOKEN = "tok-vllm"
@@ -35,21 +34,8 @@ TOKEN = "tok-vllm"
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vllm_service(vllm_engine, tiny_model_dir):
-    config = InferenceConfig(
-        model=tiny_model_dir,
-        engine="vllm",
-        grpc_port=0,
-        http_port=0,
-        metrics_port=0,
-        served_model_name="tiny",
-        auth_token=TOKEN,
-    )
-    service = create_server(config, vllm_engine)
-    await service.start(start_engine=False)
-    try:
+    async with serve(vllm_engine, tiny_model_dir, model="tiny", token=TOKEN) as service:
         yield service
-    finally:
-        await service.stop()
 
 
 async def test_grpc_generate_status_and_load_weights(vllm_service, tiny_model_dir):
