@@ -69,16 +69,22 @@ def check_console(stdout: str, metrics: list[dict], run_dir) -> None:
 
 
 @pytest.mark.vllm
-def test_up_trains_with_the_vllm_engine(up_run):
+@pytest.mark.parametrize("tensor_parallel", [1, 2], ids=["one-rank", "tensor-parallel-2"])
+def test_up_trains_with_the_vllm_engine(up_run, tensor_parallel):
+    # tensor_parallel 2: the replica's two vLLM ranks each hold half of every sharded layer (on CPU each rank's
+    # threads get their own CPU: vllm_cpu_binds.py), and every pushed version lands in both shards.
     pytest.importorskip("vllm")
     up = {"engine": "vllm", "inference_args": ["--kv-cache-gib", "1", "--max-model-len", "128", "--no-http"]}
+    up["inference_tensor_parallel_size"] = tensor_parallel
     result, run_dir = up_run({"max_head_offpolicy_versions": 1}, up, timeout_s=600)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
     metrics = read_metrics(run_dir)
     assert [m["version"] for m in metrics] == [1, 2, 3]
     assert all(m["async/version_offset_max"] <= 1 for m in metrics)
     # Weights went to the vLLM replica in place: every push is logged with its pause.
-    assert (run_dir / "inference-0.log").read_text().count("loaded weights version") >= 3
+    log = (run_dir / "inference-0.log").read_text()
+    assert log.count("loaded weights version") >= 3
+    assert f"tp {tensor_parallel}," in log
     check_ledger(run_dir, steps=3, groups_per_step=2)
 
 
