@@ -204,7 +204,7 @@ class VLLMEngine(InferenceEngine):
         args = self.engine_args()
         # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
         # loop responsive meanwhile.
-        with self._cpu_thread_binds():
+        with self._engine_environment():
             self._llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
@@ -222,25 +222,29 @@ class VLLMEngine(InferenceEngine):
         )
 
     @contextlib.contextmanager
-    def _cpu_thread_binds(self) -> Iterator[None]:
-        """With tensor parallelism on vLLM-CPU, give each rank its own CPUs (vllm_cpu_binds.py) unless the user
-        set VLLM_CPU_OMP_THREADS_BIND; the spawned engine processes inherit it, this process's environment is
-        restored after."""
-        if self._tp == 1 or THREADS_BIND_ENV in os.environ:
-            yield
-            return
-        from vllm.platforms import current_platform
+    def _engine_environment(self) -> Iterator[None]:
+        """The environment the engine's processes start with, and this process's environment restored after.
 
-        if not current_platform.is_cpu():
-            yield
-            return
-        binds = cpu_thread_binds(sorted(os.sched_getaffinity(0)), self._tp)
-        logger.info("tensor parallelism on CPU: %s=%s", THREADS_BIND_ENV, binds)
-        os.environ[THREADS_BIND_ENV] = binds
+        vLLM sets variables for the processes it spawns in this process's own environment (on CPU: LD_PRELOAD of
+        torch's libgomp, LOCAL_WORLD_SIZE, VLLM_WORKER_MULTIPROC_METHOD, ...), where every process this one starts
+        later would inherit them: a two-rank trainer spawned after an engine ran saw LOCAL_WORLD_SIZE and a
+        preloaded libgomp. The engine's processes have started by the time AsyncLLM is built, so the environment
+        goes back to what it was. With tensor parallelism on vLLM-CPU each rank gets its own CPUs
+        (vllm_cpu_binds.py) unless the user set VLLM_CPU_OMP_THREADS_BIND."""
+        saved = dict(os.environ)
         try:
+            if self._tp > 1 and THREADS_BIND_ENV not in os.environ:
+                from vllm.platforms import current_platform
+
+                if current_platform.is_cpu():
+                    binds = cpu_thread_binds(sorted(os.sched_getaffinity(0)), self._tp)
+                    logger.info("tensor parallelism on CPU: %s=%s", THREADS_BIND_ENV, binds)
+                    os.environ[THREADS_BIND_ENV] = binds
             yield
         finally:
-            os.environ.pop(THREADS_BIND_ENV, None)
+            if dict(os.environ) != saved:
+                os.environ.clear()
+                os.environ.update(saved)
 
     async def shutdown(self) -> None:
         llm, self._llm = self._llm, None

@@ -29,10 +29,22 @@ pytestmark = [
 ]
 
 
+ENVIRONMENT_BEFORE: dict[str, str] = {}
+
+
+def _environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def tp_engine(tiny_model_dir: str) -> AsyncIterator[object]:
+    # What importing vLLM sets in the environment is not the engine start's doing: imported before the snapshot.
+    import vllm.engine.arg_utils
+    import vllm.v1.engine.async_llm  # noqa: F401
+
     from fleetrl.services.inference.vllm_engine import VLLMEngine
 
+    ENVIRONMENT_BEFORE.update(_environment())
     engine = VLLMEngine(
         tiny_model_dir, dtype="float32", max_model_len=1024, kv_cache_gib=0.5, seed=0, tensor_parallel_size=2
     )
@@ -43,8 +55,13 @@ async def tp_engine(tiny_model_dir: str) -> AsyncIterator[object]:
         await engine.shutdown()
 
 
+async def test_the_engine_leaves_this_process_environment_as_it_was(tp_engine):
+    # vLLM sets LD_PRELOAD, LOCAL_WORLD_SIZE, ... for its own processes in this one's environment; anything started
+    # from here later (a multi-rank trainer in the next test module) would inherit them.
+    assert _environment() == ENVIRONMENT_BEFORE
+
+
 async def test_two_ranks_serve_the_reference_logprobs(tp_engine, tiny_model_dir):
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ  # set for the engine's start only
     worst = await conformance.check_logprobs_exact(tp_engine, tiny_model_dir, temperature=1.0)
     assert worst < conformance.LOGPROB_TOL
 

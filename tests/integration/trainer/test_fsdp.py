@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer.distributed import destroy
-from tests.integration.trainer.rank_env import rank_context
+from tests.integration.trainer.rank_env import end_rank, rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -38,6 +38,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> N
             trainer.follow()
     finally:
         destroy(ctx)
+    end_rank()
 
 
 def test_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
@@ -96,6 +97,7 @@ def _lora_worker(rank: int, world: int, port: int, model_dir: str, workdir: str)
             assert not published  # only rank 0 hands weights to the sink
     finally:
         destroy(ctx)
+    end_rank()
 
 
 def test_lora_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):

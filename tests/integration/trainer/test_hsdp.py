@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import DistContext, PolicyTrainer
 from fleetrl.trainer.distributed import destroy
+from tests.integration.trainer.rank_env import end_rank
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,6 +51,7 @@ def _worker(rank: int, port: int, model_dir: str, workdir: str) -> None:
             trainer.follow()
     finally:
         destroy(ctx)
+    end_rank()
 
 
 def test_hsdp_on_two_nodes_of_two_ranks_matches_one_rank(tiny_model_dir, tmp_path, free_port):

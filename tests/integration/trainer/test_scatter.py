@@ -15,7 +15,7 @@ from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer.batching import rank_rows
-from tests.integration.trainer.rank_env import rank_context
+from tests.integration.trainer.rank_env import end_rank, rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,6 +50,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> N
             json.dump({"scatter": fdist.RECEIVED.scatter, "broadcast": fdist.RECEIVED.broadcast}, f)
     finally:
         fdist.destroy(ctx)
+    end_rank()
 
 
 def _row_bytes(sample: RolloutSample) -> int:
