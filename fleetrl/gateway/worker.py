@@ -159,6 +159,8 @@ class Gateway:
                 _reap(tasks)
                 heartbeat = await self._heartbeat_if_due()
                 if heartbeat is not None:
+                    if heartbeat.run_finished:  # the controller counts this reply as telling us, as a lease reply
+                        return self._finished(tasks)
                     self._maybe_evaluate(heartbeat.evaluate_version, tasks)
                 want = max(self.config.rows_in_flight - len(tasks), 0)
                 reply = None
@@ -190,18 +192,7 @@ class Gateway:
                     for leased in reply.rows:
                         tasks.add(asyncio.create_task(self.process_row(leased, lease_s), name=f"row-{leased.row_id}"))
                     if reply.run_finished:
-                        # Nothing a task still running could produce would be used (the controller may already be
-                        # gone: it counts this reply as telling us), so do not wait for another reply.
-                        _reap(tasks)
-                        if tasks:
-                            log.warning("run finished: cancelling %d tasks still in flight", len(tasks))
-                        log.info(
-                            "run finished; gateway %s exits (%s, row latency p50=%.2f ms p99=%.2f ms)",
-                            self.gateway_id,
-                            dict(self.counters),
-                            *(1000 * q for q in latency_quantiles(self.row_latencies_s, (0.5, 0.99))),
-                        )
-                        return 0
+                        return self._finished(tasks)
                 # Rows came: fill the rest of the capacity at once (a held call that woke when the gate opened leased
                 # what the gateway could take then). After a held call with none the controller says retry_after_s
                 # 0: ask again at once (it holds the next call).
@@ -224,6 +215,21 @@ class Gateway:
             if self._sender is not None:
                 self._sender.close()
             await channel.close()
+
+    def _finished(self, tasks: set[asyncio.Task[None]]) -> int:
+        """A reply (lease or heartbeat) said the run finished: exit 0 now. Nothing a task still running could
+        produce would be used, and the controller may already be gone (it counts that reply as having told this
+        gateway), so no other call is made."""
+        _reap(tasks)
+        if tasks:
+            log.warning("run finished: cancelling %d tasks still in flight", len(tasks))
+        log.info(
+            "run finished; gateway %s exits (%s, row latency p50=%.2f ms p99=%.2f ms)",
+            self.gateway_id,
+            dict(self.counters),
+            *(1000 * q for q in latency_quantiles(self.row_latencies_s, (0.5, 0.99))),
+        )
+        return 0
 
     async def _register(self) -> None:
         reply = await self._call(

@@ -75,3 +75,56 @@ async def test_the_gateway_holds_its_lease_calls_and_exits_on_the_finished_reply
         await server.stop(None)
     assert [r.wait_s for r in controller.requests] == [0.5, 0.5]
     assert gateway.counters["rows_done"] == 1
+
+
+class HeartbeatTellsController(Controller):
+    """Leases one row whose rollout never ends (the gateway is busy, so it heartbeats instead of leasing); the
+    heartbeat reply says the run finished, and the server stops: no later call would be answered."""
+
+    async def Register(self, request, context):
+        return controller_pb2.RegisterResponse(heartbeat_interval_s=0.1, run_id="r")
+
+    async def Heartbeat(self, request, context):
+        self.told.set()
+        return controller_pb2.HeartbeatResponse(known=True, run_finished=True)
+
+    async def LeaseRows(self, request, context):
+        self.requests.append(request)
+        if len(self.requests) == 1:
+            row = controller_pb2.LeasedRow(row_id=0, submit_version=0, row_json=json.dumps({"q": 1}), attempt=1)
+            return controller_pb2.LeaseRowsResponse(rows=[row], replicas=[controller_pb2.Replica(address="x:1")])
+        return controller_pb2.LeaseRowsResponse(run_finished=True)
+
+
+def make_endless_rollout_fn(setup):
+    async def rollout(row):
+        await asyncio.sleep(3600)
+
+    return rollout
+
+
+async def test_a_busy_gateway_exits_on_a_heartbeat_reply_saying_the_run_finished():
+    # The controller counts a heartbeat reply as telling the gateway too (told_if_finished) and may stop right after
+    # it: a gateway that went on to call LeaseRows retried a gone controller (a compose CI run waited 30 s for it).
+    controller = HeartbeatTellsController()
+    server = grpc.aio.server()
+    controller_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
+    config = GatewayConfig(
+        run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", max_rows_in_flight=1
+    )
+    gateway = Gateway(config, rollout_factory=make_endless_rollout_fn)
+
+    async def stop_once_told():
+        await controller.told.wait()
+        await server.stop(None)
+
+    stopper = asyncio.create_task(stop_once_told())
+    try:
+        assert await asyncio.wait_for(gateway.run(), 20.0) == 0
+    finally:
+        await stopper
+        await server.stop(None)
+    assert len(controller.requests) == 1  # no lease call after the heartbeat said the run finished
