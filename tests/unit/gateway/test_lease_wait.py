@@ -46,6 +46,30 @@ class Controller(controller_pb2_grpc.ControllerServicer):
         return controller_pb2.ReportRowsResponse(results=["failed"])
 
 
+async def run_against(controller: Controller, rollout_factory, **config) -> Gateway:
+    """Serve `controller` on loopback, run a gateway against it until it exits (it must exit 0 within 20 s), and
+    stop the server as the real controller does once it has told the gateway the run finished."""
+    server = grpc.aio.server()
+    controller_pb2_grpc.add_ControllerServicer_to_server(controller, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
+    settings = GatewayConfig(run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", **config)
+    gateway = Gateway(settings, rollout_factory=rollout_factory)
+
+    async def stop_once_told():
+        await controller.told.wait()
+        await server.stop(grace=0.5)
+
+    stopper = asyncio.create_task(stop_once_told())
+    try:
+        assert await asyncio.wait_for(gateway.run(), 20.0) == 0  # before either fix: retried a gone controller
+    finally:
+        await stopper
+        await server.stop(None)
+    return gateway
+
+
 def make_rollout_fn(setup):
     async def rollout(row):
         return RolloutSample(tokens=[1, 2], logprobs=[0.0, -0.5], loss_mask=[0, 1], reward=1.0, versions=[0, 0])
@@ -55,24 +79,7 @@ def make_rollout_fn(setup):
 
 async def test_the_gateway_holds_its_lease_calls_and_exits_on_the_finished_reply_alone():
     controller = Controller()
-    server = grpc.aio.server()
-    controller_pb2_grpc.add_ControllerServicer_to_server(controller, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
-    config = GatewayConfig(run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", lease_wait_s=0.5)
-    gateway = Gateway(config, rollout_factory=make_rollout_fn)
-
-    async def stop_once_told():
-        await controller.told.wait()
-        await server.stop(grace=0.5)  # as the real controller does once every gateway was told
-
-    stopper = asyncio.create_task(stop_once_told())
-    try:
-        assert await asyncio.wait_for(gateway.run(), 20.0) == 0  # before: retried a gone controller for 120 s
-    finally:
-        await stopper
-        await server.stop(None)
+    gateway = await run_against(controller, make_rollout_fn, lease_wait_s=0.5)
     assert [r.wait_s for r in controller.requests] == [0.5, 0.5]
     assert gateway.counters["rows_done"] == 1
 
@@ -107,24 +114,5 @@ async def test_a_busy_gateway_exits_on_a_heartbeat_reply_saying_the_run_finished
     # The controller counts a heartbeat reply as telling the gateway too (told_if_finished) and may stop right after
     # it: a gateway that went on to call LeaseRows retried a gone controller (a compose CI run waited 30 s for it).
     controller = HeartbeatTellsController()
-    server = grpc.aio.server()
-    controller_pb2_grpc.add_ControllerServicer_to_server(controller, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
-    config = GatewayConfig(
-        run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", max_rows_in_flight=1
-    )
-    gateway = Gateway(config, rollout_factory=make_endless_rollout_fn)
-
-    async def stop_once_told():
-        await controller.told.wait()
-        await server.stop(None)
-
-    stopper = asyncio.create_task(stop_once_told())
-    try:
-        assert await asyncio.wait_for(gateway.run(), 20.0) == 0
-    finally:
-        await stopper
-        await server.stop(None)
+    await run_against(controller, make_endless_rollout_fn, max_rows_in_flight=1)
     assert len(controller.requests) == 1  # no lease call after the heartbeat said the run finished
