@@ -175,8 +175,11 @@ class ControllerService(Service):
         ctl = self.parts
         if ctl is None:  # building failed (a tracker that cannot start, a bad dataset): nothing was started
             return
-        # Let gateways see run_finished before the server goes away (waiting only for those not told yet).
-        await ctl.orchestrator.wait_gateways_told(min(self.config.heartbeat_interval_s, 1.0))
+        # Let gateways see run_finished before the server goes away (waiting only for those not told yet). An idle
+        # gateway's held lease call answers at once; a busy one (a row task still finishing) calls next within a
+        # heartbeat interval, so wait that long and a little more: a shorter wait left such a gateway retrying a
+        # controller that was gone.
+        await ctl.orchestrator.wait_gateways_told(self.config.heartbeat_interval_s + 1.0)
         await ctl.server.stop(grace=2.0)
         await ctl.orchestrator.close()
         ctl.orchestrator.close_trackers(failed=code == EXIT_FAILED)
