@@ -73,7 +73,15 @@ class DistContext:
         shape = ctx.mesh_shape  # raises for a layout the sharding does not fit
         if ctx.enabled and not dist.is_initialized():
             backend = "nccl" if cuda else "gloo"
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+            kwargs: dict[str, Any] = {}
+            if cuda:
+                # Bind this rank's GPU before anything touches CUDA: otherwise the first CUDA call (NCCL's, the
+                # mesh's, the model's move) lands on cuda:0, `init_device_mesh` then skips its own set_device,
+                # and `fully_shard` puts every rank's parameters on cuda:0. `device_id` binds NCCL's
+                # communicator to the same GPU eagerly.
+                torch.cuda.set_device(local_rank)
+                kwargs["device_id"] = torch.device("cuda", local_rank)
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
             logger.info(
                 "rank %d/%d: process group up (%s); %s mesh %s", ctx.rank, world, backend, sharding, list(shape)
             )

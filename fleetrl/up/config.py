@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetrl.config import Config, ConfigError, format_validation_error, parse_override, read_config_file
+from fleetrl.gpu_layout import check_disjoint_gpus
 
 
 class UpConfig(BaseModel):
@@ -101,6 +102,13 @@ class UpConfig(BaseModel):
             raise ValueError(
                 f"inference_gpus has {len(self.inference_gpus)} lists but replicas is {self.replicas}: "
                 "one list of GPU ids per replica"
+            )
+        if self.trainer_gpus is not None and len(set(self.trainer_gpus)) != len(self.trainer_gpus):
+            twice = sorted({i for i in self.trainer_gpus if self.trainer_gpus.count(i) > 1})
+            raise ValueError(f"trainer_gpus lists GPU {', '.join(map(str, twice))} twice: one GPU per trainer rank")
+        if self.trainer_gpus is not None and self.inference_gpus is not None:
+            check_disjoint_gpus(
+                self.trainer_gpus, [i for ids in self.inference_gpus for i in ids], "trainer_gpus", "inference_gpus"
             )
         tp = self.inference_tensor_parallel_size
         if tp > 1 and self.engine != "vllm":

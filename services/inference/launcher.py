@@ -19,6 +19,7 @@ the versions loaded through it to peers: docs/weights.md) once every endpoint se
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.model is None and args.config is None:
         print("fleetrl serve inference: --model PATH (or --config FILE) is required", file=sys.stderr)
+        return 2
+    from fleetrl.gpu_layout import check_gpu_env
+
+    try:
+        check_gpu_env(os.environ)  # compose's FLEETRL_TRAINER_GPUS / FLEETRL_INFERENCE_GPUS
+    except ValueError as exc:
+        print(f"fleetrl serve inference: {exc}", file=sys.stderr)
         return 2
     from fleetrl.services.inference.config import InferenceConfigError
 

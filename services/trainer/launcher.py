@@ -15,6 +15,7 @@ Heavy modules (torch, grpc, zmq) are imported after parsing, so --help is fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -101,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.config is None and args.model is None and not any(s.startswith("base_model=") for s in args.set):
         print("fleetrl serve trainer: --config run.toml (or --model PATH) is required", file=sys.stderr)
+        return 2
+    from fleetrl.gpu_layout import check_gpu_env
+
+    try:
+        check_gpu_env(os.environ)  # compose's FLEETRL_TRAINER_GPUS / FLEETRL_INFERENCE_GPUS
+    except ValueError as exc:
+        print(f"fleetrl serve trainer: {exc}", file=sys.stderr)
         return 2
     from fleetrl.config import ConfigError
     from fleetrl.services.trainer.config import TrainerConfigError

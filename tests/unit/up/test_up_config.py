@@ -29,6 +29,11 @@ def test_gpu_layout_sets_each_child_cuda_visible_devices(tmp_path):
     [
         ({"trainer_procs": 2, "trainer_gpus": [0]}, "trainer_gpus has 1 GPUs but trainer_procs is 2"),
         ({"replicas": 2, "inference_gpus": [[0]]}, "inference_gpus has 1 lists but replicas is 2"),
+        (
+            {"replicas": 2, "inference_gpus": [[0], [1]], "trainer_procs": 2, "trainer_gpus": [1, 2]},
+            "trainer_gpus and inference_gpus overlap on GPU 1",
+        ),
+        ({"trainer_procs": 2, "trainer_gpus": [3, 3]}, "trainer_gpus lists GPU 3 twice"),
         ({"trainer_procs": 0}, "up.trainer_procs: Input should be greater than or equal to 1"),
         ({"max_replica_restarts": -1}, "up.max_replica_restarts: Input should be greater than or equal to 0"),
     ],
