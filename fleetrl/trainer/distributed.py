@@ -109,20 +109,32 @@ def mesh_shape(sharding: str, world_size: int, local_world_size: int) -> tuple[i
 
 
 def shard_model(
-    model: torch.nn.Module, device: torch.device, world_size: int, shape: tuple[int, ...] | None = None
+    model: torch.nn.Module,
+    device: torch.device,
+    world_size: int,
+    shape: tuple[int, ...] | None = None,
+    compute_dtype: torch.dtype | None = None,
 ) -> torch.nn.Module:
     """FSDP2: shard each decoder layer, then the root (embeddings, final norm, lm head), over a mesh of `shape`
-    (default `(world_size,)`; a 2-D `(replicate, shard)` shape is HSDP, see `mesh_shape`)."""
+    (default `(world_size,)`; a 2-D `(replicate, shard)` shape is HSDP, see `mesh_shape`).
+
+    `compute_dtype` (e.g. bfloat16 for float32 parameters) is mixed precision: FSDP2's `MixedPrecisionPolicy`
+    all-gathers the parameters in that dtype for forward and backward while the sharded parameters, their
+    gradients and the optimizer state stay in the parameters' dtype, and gradients are reduce-scattered in
+    float32 (an lr-1e-6 update survives; in bfloat16 it would round away)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     shape = shape or (world_size,)
     names = ("replicate", "shard") if len(shape) == 2 else None
     mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if compute_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
     layers = _decoder_layers(model)
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
     return model
 
 
