@@ -42,14 +42,44 @@ class Config(BaseModel):
     output_dir: str | None = Field(
         None, description="Where the final policy is exported in HF format; None = log_path/final."
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Trainer weight dtype.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Trainer weight (master) dtype, also that of the gradients and AdamW state. bfloat16 is pure "
+        "bf16: updates smaller than a weight's rounding step (lr ~1e-6) are lost (docs/trainer.md).",
+    )
+    compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Dtype of the trainer's forward and backward: bfloat16 with float32 weights is mixed precision "
+        "(FSDP2 MixedPrecisionPolicy, or autocast on one process); auto = bfloat16 on CUDA, dtype on CPU.",
+    )
     inference_dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None,
         description="The dtype the inference replicas serve, and so the dtype weights travel in (the trainer casts "
         "floating tensors when it publishes: bfloat16 halves the bytes of a float32 trainer's push); None = dtype. "
         "`fleetrl up` starts its replicas with it.",
     )
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto",
+        description="Recompute the decoder layers' activations in backward; auto = for micro-batches of at least "
+        "4096 tokens (long rows), off for shorter ones.",
+    )
+    packing: bool = Field(
+        True,
+        description="Concatenate a micro-batch's samples into one row with per-sample positions (no compute on "
+        "padding); False = right-padded rows.",
+    )
+    micro_batch_tokens: int | None = Field(
+        16384,
+        ge=1,
+        description="Token budget of one forward/backward (gradient accumulation); a longer sample goes alone. "
+        "None = a rank's whole minibatch share in one pass.",
+    )
+    logprob_chunk_tokens: int = Field(
+        1024,
+        ge=0,
+        description="Positions projected onto the vocabulary at a time for logprobs and entropy (the [tokens, vocab] "
+        "logits never exist whole); 0 = full logits.",
+    )
 
     # --- LoRA (docs/guide.md "LoRA"; needs the `lora` extra: peft) ---
     lora_rank: int = Field(0, ge=0, description="LoRA rank r; 0 = full fine-tuning.")

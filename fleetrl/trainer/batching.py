@@ -4,7 +4,8 @@ A step is P groups. Each group's rewards become advantages (fleetrl.advantages),
 of a trajectory split into several (`RolloutSample.member`) share their member's advantage; a group with fewer than
 two valid members carries no relative signal and is skipped. The step's B samples are split into
 `num_minibatches` minibatches (one optimizer step each, the PPO inner loop), each minibatch across the
-data-parallel ranks, and each rank's share into micro-batches (gradient accumulation). `rank_rows` names the rows one
+data-parallel ranks (balanced by tokens), and each rank's share into micro-batches by a token budget (gradient
+accumulation). `rank_rows` names the rows one
 rank trains over the whole step (the rows rank 0 sends it); `RowFigures` holds what every rank knows of every row
 (its length and trainable tokens), enough for the minibatch-wide figures (`Totals`, the padded width) without the
 rows themselves.
@@ -149,13 +150,54 @@ def split_even(n: int, parts: int) -> list[range]:
     return out
 
 
-def rank_rows(n: int, num_minibatches: int, world_size: int, rank: int) -> list[int]:
-    """The rows of a step of `n` rows that `rank` trains, in order: its share (`split_even` over the ranks) of each
-    of the `num_minibatches` minibatches (`split_even` of range(n), empty ones dropped), as the inner loop splits."""
+def balance_by_tokens(rows: Sequence[int], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Each rank's share of `rows`, balanced by tokens (`lengths[row]`): longest first, each to the rank with the
+    fewest tokens so far (ties to the lowest rank), each share then in row order. Deterministic, so rank 0 (which
+    sends each rank its rows) and every rank (which trains them) compute the same shares. RL completions are
+    long-tailed: balancing by sample count leaves one rank with the long ones and the others waiting for it."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for row in sorted(rows, key=lambda r: (-lengths[r], r)):
+        rank = min(range(world_size), key=lambda k: (load[k], k))
+        shares[rank].append(row)
+        load[rank] += lengths[row]
+    return [sorted(share) for share in shares]
+
+
+def rank_rows(lengths: Sequence[int], num_minibatches: int, world_size: int, rank: int) -> list[int]:
+    """The rows of a step (`lengths[row]` tokens each) that `rank` trains, in order: its share
+    (`balance_by_tokens`) of each of the `num_minibatches` minibatches (`split_even` of the rows, empty ones
+    dropped), as the inner loop splits."""
     out: list[int] = []
-    for minibatch in split_even(n, num_minibatches):
-        rows = list(minibatch)
-        out.extend(rows[j] for j in split_even(len(rows), world_size)[rank])
+    for minibatch in split_even(len(lengths), num_minibatches):
+        out.extend(balance_by_tokens(list(minibatch), lengths, world_size)[rank])
+    return out
+
+
+def token_micro_batches(
+    rows: Sequence[int], lengths: Sequence[int], max_tokens: int | None, max_samples: int | None = None
+) -> list[list[int]]:
+    """Consecutive micro-batches of `rows` holding at most `max_tokens` tokens and `max_samples` samples (None: no
+    cap); a row longer than `max_tokens` goes alone."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"micro_batch_tokens must be >= 1, got {max_tokens}")
+    if max_samples is not None and max_samples < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {max_samples}")
+    out: list[list[int]] = []
+    current: list[int] = []
+    tokens = 0
+    for row in rows:
+        full_tokens = max_tokens is not None and tokens + lengths[row] > max_tokens
+        full_samples = max_samples is not None and len(current) >= max_samples
+        if current and (full_tokens or full_samples):
+            out.append(current)
+            current, tokens = [], 0
+        current.append(row)
+        tokens += lengths[row]
+    if current:
+        out.append(current)
     return out
 
 

@@ -14,6 +14,7 @@ training forward (FSDP's collectives need every rank in step): the base model wi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,10 +29,30 @@ from fleetrl import metric_names as mn
 from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
-from fleetrl.trainer.batching import RowFigures, chunk, part_loss_scale, split_even
+from fleetrl.trainer.batching import (
+    RowFigures,
+    balance_by_tokens,
+    part_loss_scale,
+    split_even,
+    token_micro_batches,
+)
+from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
 from fleetrl.trainer.model import target_logprobs
 
 REF_WAIT_TIMEOUT_S = 1800.0  # the reference client has its own deadline; this bounds the wait whatever it does
+AUTO_CHECKPOINT_TOKENS = 4096
+"""gradient_checkpointing = "auto" recomputes activations in micro-batches of at least this many tokens."""
+
+
+def resolve_compute_dtype(cfg: Any, device: torch.device) -> torch.dtype:
+    """The dtype forward and backward run in: `compute_dtype`, where "auto" is bfloat16 on CUDA (mixed precision
+    over float32 weights) and the weights' own dtype elsewhere."""
+    from fleetrl.trainer.model import torch_dtype
+
+    name = getattr(cfg, "compute_dtype", "auto")
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch_dtype(cfg.dtype)
+    return torch_dtype(name)
 
 
 def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
@@ -39,6 +60,11 @@ def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i, : row.numel()] = row
     return out
+
+
+def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> RowFigures:
+    """The figures of `rows` (all present in `datums`), indexed by row."""
+    return RowFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
 
 
 class InnerLoop:
@@ -69,6 +95,17 @@ class InnerLoop:
         self.pad_id = pad_id
         self.micro_batch_size = micro_batch_size
         self.reference_context = reference_context
+        self.packing: bool = getattr(cfg, "packing", False)
+        self.micro_batch_tokens: int | None = getattr(cfg, "micro_batch_tokens", None)
+        self.chunk_tokens: int = getattr(cfg, "logprob_chunk_tokens", 0)
+        self.checkpointing: bool | str = getattr(cfg, "gradient_checkpointing", False)
+        param_dtype = next(model.parameters()).dtype
+        compute = resolve_compute_dtype(cfg, device)
+        # Mixed precision on one process: autocast over the float32 weights (a sharded model gets FSDP2's
+        # MixedPrecisionPolicy instead, fleetrl.trainer.distributed.shard_model).
+        self.autocast_dtype: torch.dtype | None = (
+            compute if compute != param_dtype and not ctx.enabled and param_dtype == torch.float32 else None
+        )
         self.optimizer_steps = 0
         self.timers: dict[str, float] = {}
         """Seconds spent per phase since the last reset (fwd_bwd, optim, old_logprobs, ref_wait)."""
@@ -81,19 +118,64 @@ class InnerLoop:
             settings = replace(settings, loss_agg_constant=float(width))
         return settings
 
-    def _my_micro_batches(self, rows: Sequence[int]) -> list[list[int]]:
-        """This rank's micro-batches of `rows`, padded with empty ones to the count of the busiest
-        rank: FSDP's collectives run once per forward, so every rank must run as many."""
-        shares = [[rows[j] for j in r] for r in split_even(len(rows), self.ctx.world_size)]
-        count = max(1, *(len(chunk(share, self.micro_batch_size)) for share in shares))
-        mine = chunk(shares[self.ctx.rank], self.micro_batch_size)
+    def _my_micro_batches(self, rows: Sequence[int], figures: RowFigures) -> list[list[int]]:
+        """This rank's micro-batches of `rows` (its token-balanced share, cut by the token budget and
+        micro_batch_size), padded with empty ones to the count of the busiest rank: FSDP's collectives run once
+        per forward, so every rank must run as many."""
+        lengths = figures.lengths
+        shares = balance_by_tokens(rows, lengths, self.ctx.world_size)
+        split = [token_micro_batches(s, lengths, self.micro_batch_tokens, self.micro_batch_size) for s in shares]
+        count = max(1, *(len(parts) for parts in split))
+        mine = split[self.ctx.rank]
         return mine + [[] for _ in range(count - len(mine))]
 
-    def _collate(self, datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> tuple[Any, int]:
+    def _compute(self) -> AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _forward(
+        self, batch: Any, micro: Sequence[Datum], *, entropy: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Target logprobs `[B, T]` (float32) of a micro-batch, and its entropy when asked: packed into one row
+        (fleetrl.trainer.logprobs) or as the padded batch, under the compute dtype, with activation checkpointing
+        as configured for its size."""
+        tokens = sum(len(d) for d in micro)
+        if self.checkpointing == "auto":
+            set_activation_checkpointing(self.model, tokens >= AUTO_CHECKPOINT_TOKENS)
+        with self._compute():
+            if self.packing:
+                packed = pack([d.input_tokens for d in micro], [d.target_tokens for d in micro]).to(self.device)
+                logprobs_N, entropy_N = packed_logprobs(
+                    self.model,
+                    packed,
+                    temperature=self.cfg.temperature,
+                    chunk_tokens=self.chunk_tokens,
+                    entropy=entropy,
+                )
+                width = batch.input_tokens_BT.shape[1]
+                return (
+                    packed.to_padded(logprobs_N, width),
+                    None if entropy_N is None else packed.to_padded(entropy_N, width),
+                )
+            mask = batch.mask_BT.to(self.device) if entropy else None
+            logprobs, ent = target_logprobs(
+                self.model,
+                batch.input_tokens_BT.to(self.device),
+                batch.target_tokens_BT.to(self.device),
+                temperature=self.cfg.temperature,
+                entropy_mask_BT=mask,
+            )
+            return logprobs.float(), ent
+
+    def _collate(
+        self, datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]
+    ) -> tuple[Any, int, list[Datum]]:
         if rows:
-            return collate([datums[i] for i in rows], pad_token_id=self.pad_id), len(rows)
+            micro = [datums[i] for i in rows]
+            return collate(micro, pad_token_id=self.pad_id), len(rows), micro
         dummy = Datum([self.pad_id], [self.pad_id], [0], [0.0])
-        return collate([dummy], pad_token_id=self.pad_id), 0
+        return collate([dummy], pad_token_id=self.pad_id), 0, [dummy]
 
     @torch.no_grad()
     def compute_logprobs(
@@ -101,20 +183,19 @@ class InnerLoop:
         datums: Sequence[Datum] | Mapping[int, Datum],
         minibatches: Sequence[Sequence[int]],
         timer: str = "old_logprobs",
+        figures: RowFigures | None = None,
     ) -> dict[int, torch.Tensor]:
         """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
-        the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's)."""
+        the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's). Same micro-batches
+        as the training forward."""
         started = time.perf_counter()
+        if figures is None:
+            figures = _figures_of(datums, [r for rows in minibatches for r in rows])
         old: dict[int, torch.Tensor] = {}
         for rows in minibatches:
-            for micro in self._my_micro_batches(rows):
-                batch, _ = self._collate(datums, micro)
-                logprobs, _ = target_logprobs(
-                    self.model,
-                    batch.input_tokens_BT.to(self.device),
-                    batch.target_tokens_BT.to(self.device),
-                    temperature=self.cfg.temperature,
-                )
+            for micro in self._my_micro_batches(rows, figures):
+                batch, _, micro_datums = self._collate(datums, micro)
+                logprobs, _ = self._forward(batch, micro_datums, entropy=False)
                 for j, i in enumerate(micro):
                     old[i] = logprobs[j, : len(datums[i])].float().cpu()
         self.timers[timer] = self.timers.get(timer, 0.0) + time.perf_counter() - started
@@ -135,10 +216,10 @@ class InnerLoop:
         figures = figures if figures is not None else RowFigures.of(datums)  # type: ignore[arg-type]
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
-        old = self.compute_logprobs(datums, minibatches) if len(minibatches) > 1 else None
+        old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
         if self.reference_context is not None and self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None:
             with self.reference_context():
-                ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward")
+                ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         for rows in minibatches:
@@ -185,24 +266,15 @@ class InnerLoop:
         """
         started = time.perf_counter()
         if figures is None:  # every row of `rows` is here
-            figures = RowFigures.of([datums[i] for i in rows])
-            rows_here = list(range(len(rows)))
-        else:
-            rows_here = list(rows)
-        totals = figures.totals(rows_here)
-        settings = self._loss_settings(figures.width(rows_here))
+            figures = _figures_of(datums, rows)
+        totals = figures.totals(rows)
+        settings = self._loss_settings(figures.width(rows))
         world = self.ctx.world_size
         sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
-        for micro in self._my_micro_batches(rows):
-            batch, n = self._collate(datums, micro)
+        for micro in self._my_micro_batches(rows, figures):
+            batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
-            logprobs, entropy = target_logprobs(
-                self.model,
-                batch.input_tokens_BT.to(self.device),
-                batch.target_tokens_BT.to(self.device),
-                temperature=self.cfg.temperature,
-                entropy_mask_BT=mask,
-            )
+            logprobs, entropy = self._forward(batch, micro_datums, entropy=True)
             width = logprobs.shape[1]
             old_BT = (
                 _pad_rows([old[i] for i in micro], width).to(self.device)

@@ -49,7 +49,7 @@ from fleetrl.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop
+from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, resolve_compute_dtype
 from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 
@@ -138,7 +138,9 @@ class PolicyTrainer:
         self.model_config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().num_embeddings)  # token ids must stay below it
         if self.ctx.enabled:
-            fdist.shard_model(self.model, self.device, self.ctx.world_size, self.ctx.mesh_shape)
+            fdist.shard_model(
+                self.model, self.device, self.ctx.world_size, self.ctx.mesh_shape, compute_dtype=self._mixed_dtype()
+            )
         self.optimizer = build_optimizer(self.model.parameters(), cfg)
         total_batches = total_steps or cfg.max_steps
         total_opt = total_batches * cfg.num_minibatches if total_batches else None
@@ -162,6 +164,11 @@ class PolicyTrainer:
         self._ref_pool = ThreadPoolExecutor(1, thread_name_prefix="fleetrl-ref") if ref_logprobs_fn else None
         self.steps_skipped_nonfinite = 0
         self._nonfinite_in_a_row = 0
+
+    def _mixed_dtype(self) -> torch.dtype | None:
+        """The compute dtype when it differs from the weights' (mixed precision), else None."""
+        compute = resolve_compute_dtype(self.cfg, self.device)
+        return compute if compute != torch_dtype(self.cfg.dtype) else None
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -381,11 +388,12 @@ class PolicyTrainer:
         lengths = header["lengths"]
         versioned = header["versioned"]  # which samples carry per-token policy versions
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
-        mine = rank_rows(len(lengths), num_minibatches, world, self.ctx.rank)
+        datum_lengths = [n - 1 for n in lengths]  # the inner loop balances ranks by these (RowFigures.lengths)
+        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
         parts = None
         if self.ctx.is_main:
             assert batch is not None
-            ranks = [rank_rows(len(lengths), num_minibatches, world, r) for r in range(world)]
+            ranks = [rank_rows(datum_lengths, num_minibatches, world, r) for r in range(world)]
             parts = [_flat_rows(batch, ref if header["has_ref"] else None, rows) for rows in ranks]
         specs = _flat_specs(lengths, versioned, header["has_ref"], mine)
         flat = fdist.scatter_tensors(parts, specs, self.ctx)

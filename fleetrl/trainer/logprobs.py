@@ -1,0 +1,193 @@
+"""Per-token logprobs of packed sequences, with the vocabulary projection computed in chunks.
+
+Two things make a real model's logprob forward affordable:
+
+- **Packing.** A micro-batch's samples are concatenated into one row, each with its own position ids (0, 1, ...).
+  transformers reads sequence boundaries from the position ids (`find_packed_sequence_indices`): with
+  flash-attention it runs variable-length attention, with sdpa or eager a block-diagonal causal mask, so every
+  token attends only to earlier tokens of its own sample and no compute is spent on padding anywhere else
+  (embeddings, projections, MLPs, the vocabulary head). `PackedBatch.to_padded` turns the per-token results back into
+  the `[B, T]` layout the losses take: that costs B x T floats, never B x T x V.
+- **Chunked logprobs.** The output projection (lm_head) is replaced, for the length of one forward, by a head that
+  projects `chunk_tokens` positions at a time, takes the float32 log-softmax, gathers the target's logprob (and the
+  entropy, without gradient) and drops the logits. With gradient the chunk is checkpointed, so backward recomputes
+  one chunk's logits at a time: the full `[tokens, V]` float32 tensor (about 5 GB per 8k tokens at a 152k
+  vocabulary, and twice that with the log-softmax kept for backward) never exists. The head runs inside the
+  model's own forward, so FSDP2 has the root's parameters (lm_head among them) unsharded and reduces their gradient
+  as usual.
+
+Models whose forward post-processes logits after lm_head (final logit soft-capping) are refused: the chunked head
+would hand them logprobs where they expect logits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+@dataclass
+class PackedBatch:
+    """Datums end to end in one row: inputs, targets and position ids `[1, N]` (N = the sum of the lengths)."""
+
+    input_ids_1N: torch.Tensor  # long
+    position_ids_1N: torch.Tensor  # long, restarting at 0 for every sample
+    targets_N: torch.Tensor  # long
+    lengths: list[int]  # tokens of each sample, in order
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids_1N.shape[1])
+
+    def to(self, device: torch.device | str) -> PackedBatch:
+        return PackedBatch(
+            self.input_ids_1N.to(device), self.position_ids_1N.to(device), self.targets_N.to(device), self.lengths
+        )
+
+    def to_padded(self, values_N: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """Per-token values `[N]` as right-padded rows `[B, width]` (zeros after each sample's end), keeping the
+        autograd graph. `width` defaults to the longest sample."""
+        width = max(self.lengths) if width is None else width
+        rows = values_N.split(self.lengths)
+        return torch.nn.utils.rnn.pad_sequence(
+            [F.pad(r, (0, width - r.numel())) if r.numel() < width else r for r in rows], batch_first=True
+        )
+
+
+def pack(inputs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> PackedBatch:
+    """Pack per-sample input and target token lists (equal lengths, each at least 1) into one row."""
+    if not inputs:
+        raise ValueError("pack: no samples")
+    lengths = [len(x) for x in inputs]
+    for i, (x, y) in enumerate(zip(inputs, targets, strict=True)):
+        if not x or len(x) != len(y):
+            raise ValueError(f"pack: sample {i} has {len(x)} inputs and {len(y)} targets (need equal, >= 1)")
+    flat_in = torch.tensor([t for x in inputs for t in x], dtype=torch.long)
+    flat_tg = torch.tensor([t for y in targets for t in y], dtype=torch.long)
+    positions = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
+    return PackedBatch(flat_in.unsqueeze(0), positions.unsqueeze(0), flat_tg, lengths)
+
+
+def _chunk_logprobs(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    bias_V: torch.Tensor | None,
+    targets_N: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = F.linear(hidden_NH, weight_VH, bias_V).float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse_N = torch.logsumexp(logits, dim=-1)
+    logprobs_N = logits.gather(-1, targets_N.unsqueeze(-1)).squeeze(-1) - lse_N
+    if not with_entropy:
+        return logprobs_N, logprobs_N.new_zeros(())
+    with torch.no_grad():
+        # H = lse - sum(p * logits): one pass, no [N, V] log-softmax kept.
+        probs = torch.softmax(logits.detach(), dim=-1)
+        entropy_N = lse_N.detach() - (probs * logits.detach()).sum(-1)
+    return logprobs_N, entropy_N
+
+
+class _Head:
+    """What the swapped-in lm_head computes: logprobs of `targets` (and entropy) chunk by chunk."""
+
+    def __init__(
+        self, linear: torch.nn.Module, targets_N: torch.Tensor, temperature: float, chunk: int, entropy: bool
+    ) -> None:
+        self.linear = linear
+        self.targets_N = targets_N
+        self.temperature = temperature
+        self.chunk = chunk
+        self.entropy = entropy
+        self.entropy_N: torch.Tensor | None = None
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden_NH = hidden.reshape(-1, hidden.shape[-1])
+        if hidden_NH.shape[0] != self.targets_N.shape[0]:
+            raise ValueError(f"chunked head: {hidden_NH.shape[0]} positions for {self.targets_N.shape[0]} targets")
+        weight, bias = self.linear.weight, getattr(self.linear, "bias", None)
+        grad = torch.is_grad_enabled() and (hidden_NH.requires_grad or weight.requires_grad)
+        out, ent = [], []
+        for start in range(0, hidden_NH.shape[0], self.chunk):
+            part = slice(start, start + self.chunk)
+            args = (hidden_NH[part], weight, bias, self.targets_N[part], self.temperature, self.entropy)
+            if grad:
+                lp, h = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+            else:
+                lp, h = _chunk_logprobs(*args)
+            out.append(lp)
+            ent.append(h)
+        if self.entropy:
+            self.entropy_N = torch.cat(ent)
+        return torch.cat(out).view(hidden.shape[:-1])
+
+
+@contextlib.contextmanager
+def _chunked_head(model: torch.nn.Module, head: _Head) -> Iterator[None]:
+    """lm_head computes `head` instead of logits for the length of the block (the module and its parameters stay
+    where they are: only its forward is replaced, on this instance)."""
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None):
+        raise ValueError(
+            "chunked logprobs: this model soft-caps its logits after lm_head (final_logit_softcapping); "
+            "set logprob_chunk_tokens = 0 to compute full logits"
+        )
+    linear = model.get_output_embeddings()
+    if linear is None or not hasattr(linear, "weight"):
+        raise ValueError("chunked logprobs: the model has no linear output embedding (lm_head)")
+    head.linear = linear
+    linear.forward = head  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del linear.forward
+
+
+def packed_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target logprobs `[N]` (float32) of a packed batch, and the entropy `[N]` (no gradient) when asked.
+
+    `chunk_tokens` positions go through the vocabulary projection at a time (0: the whole row at once, through the
+    model's own lm_head: full logits, for models the chunked head refuses)."""
+    kwargs: dict[str, Any] = {"input_ids": batch.input_ids_1N, "position_ids": batch.position_ids_1N}
+    if chunk_tokens <= 0:
+        logits = model(**kwargs, use_cache=False).logits[0].float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        logprobs = logp.gather(-1, batch.targets_N.unsqueeze(-1)).squeeze(-1)
+        ent = -(logp.detach().exp() * logp.detach()).sum(-1) if entropy else None
+        return logprobs, ent
+    head = _Head(torch.nn.Identity(), batch.targets_N, temperature, chunk_tokens, entropy)
+    with _chunked_head(model, head):
+        logprobs = model(**kwargs, use_cache=False).logits
+    return logprobs.reshape(-1), head.entropy_N
+
+
+def set_activation_checkpointing(model: torch.nn.Module, on: bool) -> int:
+    """Turn activation checkpointing of the decoder layers on or off for the next forwards (the layers must have
+    been prepared by `gradient_checkpointing_enable`); returns how many layers were set."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, GradientCheckpointingLayer) and hasattr(module, "_gradient_checkpointing_func"):
+            module.gradient_checkpointing = on
+            count += 1
+    return count
