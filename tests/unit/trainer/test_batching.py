@@ -11,11 +11,13 @@ from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer.batching import (
     RowFigures,
     Totals,
+    balance_by_tokens,
     build_step_batch,
     chunk,
     part_loss_scale,
     rank_rows,
     split_even,
+    token_micro_batches,
 )
 
 
@@ -120,15 +122,34 @@ def test_samples_with_token_ids_beyond_the_vocabulary_are_refused_not_fatal():
 
 @pytest.mark.parametrize(("n", "minibatches", "world"), [(7, 1, 2), (15, 2, 2), (9, 2, 4), (1, 1, 2), (0, 2, 2)])
 def test_rank_rows_partition_the_step_as_the_minibatches_split_across_ranks(n, minibatches, world):
-    per_rank = [rank_rows(n, minibatches, world, r) for r in range(world)]
+    lengths = [(i * 37) % 11 + 1 for i in range(n)]
+    per_rank = [rank_rows(lengths, minibatches, world, r) for r in range(world)]
     assert sorted(i for rows in per_rank for i in rows) == list(range(n))  # every row on exactly one rank
     for minibatch in (list(r) for r in split_even(n, minibatches) if r):
         shares = [[i for i in rows if i in minibatch] for rows in per_rank]
-        assert shares == [[minibatch[j] for j in r] for r in split_even(len(minibatch), world)]
+        assert shares == balance_by_tokens(minibatch, lengths, world)
 
 
-def test_rank_rows_of_an_uneven_step():
-    assert [rank_rows(7, 2, 2, r) for r in (0, 1)] == [[0, 1, 4, 5], [2, 3, 6]]
+def test_ranks_are_balanced_by_tokens_not_by_sample_count():
+    # A long-tailed step: one 4096-token sample and seven short ones. By count, rank 0 would get the long one and
+    # three short ones (4096 + 96 tokens vs 128); by tokens, the long one goes alone.
+    lengths = [32, 4096, 32, 32, 32, 32, 32, 32]
+    shares = balance_by_tokens(list(range(8)), lengths, 2)
+    assert shares == [[1], [0, 2, 3, 4, 5, 6, 7]]
+    assert [rank_rows(lengths, 1, 2, r) for r in (0, 1)] == shares
+    # Equal lengths: alternate, deterministic ties to the lowest rank.
+    assert balance_by_tokens([0, 1, 2, 3, 4], [5] * 5, 2) == [[0, 2, 4], [1, 3]]
+    assert balance_by_tokens([], [], 3) == [[], [], []]
+
+
+def test_token_micro_batches_fill_a_budget_and_a_long_row_goes_alone():
+    lengths = {0: 10, 1: 10, 2: 30, 3: 5, 4: 5, 5: 100}
+    assert token_micro_batches([0, 1, 2, 3, 4, 5], lengths, 25) == [[0, 1], [2], [3, 4], [5]]
+    assert token_micro_batches([0, 1, 2, 3, 4, 5], lengths, None) == [[0, 1, 2, 3, 4, 5]]
+    assert token_micro_batches([0, 1, 3, 4], lengths, 1000, max_samples=3) == [[0, 1, 3], [4]]
+    assert token_micro_batches([], lengths, 10) == []
+    with pytest.raises(ValueError, match="micro_batch_tokens"):
+        token_micro_batches([0], lengths, 0)
 
 
 def test_row_figures_give_the_totals_and_width_of_the_rows_themselves():

@@ -65,21 +65,22 @@ def test_each_rank_of_a_distributed_step_gets_the_datums_of_its_rows_versions_in
     batch = SimpleNamespace(samples=SAMPLES, advantages=[1.0, -1.0, 0.0])
     expected = [build_datum(s) for s in SAMPLES]
     assert expected[0].versions == [3, 3, 4] and expected[1].versions is None and expected[2].versions == [5]
-    assert trainer.cfg.num_minibatches == 1  # 3 rows over 2 ranks: rank 0 trains rows 0 and 1, rank 1 row 2
+    # 3 rows of 3, 2 and 1 tokens over 2 ranks, balanced by tokens: rank 0 trains row 0, rank 1 rows 1 and 2.
+    assert trainer.cfg.num_minibatches == 1
 
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
     main, main_adv, _ = trainer._step_tensors(_header(), batch, None)
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
     follower, follower_adv, _ = trainer._step_tensors(_header(), None, None)
-    assert main == {0: expected[0], 1: expected[1]}
-    assert follower == {2: expected[2]}
-    assert main_adv[[0, 1]].tolist() == [1.0, -1.0] and follower_adv[[2]].tolist() == [0.0]
-    # What crossed to rank 1 is its row alone: 2 tokens, its advantage, its versions.
+    assert main == {0: expected[0]}
+    assert follower == {1: expected[1], 2: expected[2]}
+    assert main_adv[[0]].tolist() == [1.0] and follower_adv[[1, 2]].tolist() == [-1.0, 0.0]
+    # What crossed to rank 1 is its rows alone: 3 + 2 tokens, their advantages, the versions of the versioned one.
     assert {k: len(v) for k, v in sent[1].items()} == {
-        "tokens": 2,
-        "logprobs": 2,
-        "mask": 2,
-        "advantages": 1,
+        "tokens": 5,
+        "logprobs": 5,
+        "mask": 5,
+        "advantages": 2,
         "versions": 2,
     }
 
@@ -93,5 +94,5 @@ def test_the_reference_logprobs_of_a_rank_are_those_of_its_rows(trainer, monkeyp
     _, _, main_ref = trainer._step_tensors(header, batch, ref)
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
     _, _, follower_ref = trainer._step_tensors(header, None, None)
-    assert {i: t.tolist() for i, t in main_ref.items()} == {0: ref[0], 1: ref[1]}
-    assert {i: t.tolist() for i, t in follower_ref.items()} == {2: ref[2]}
+    assert {i: t.tolist() for i, t in main_ref.items()} == {0: ref[0]}
+    assert {i: t.tolist() for i, t in follower_ref.items()} == {1: ref[1], 2: ref[2]}

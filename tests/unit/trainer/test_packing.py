@@ -1,0 +1,155 @@
+"""Packed micro-batches and chunked logprobs compute what the padded, full-logits path computes.
+
+Tolerances: logprobs and entropy agree to 1e-5 absolute (float32; the packed row runs attention under a
+block-diagonal mask instead of the plain causal kernel, and the chunked head sums its log-softmax per chunk), losses
+to 1e-5 relative and gradients to 1e-4 relative to the largest gradient entry; a whole step's weights to 1% of the
+update (relative L2 norm 1e-2).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fleetrl.datum import Datum, collate
+from fleetrl.losses import LOSS_NAMES
+from fleetrl.trainer import PolicyTrainer
+from fleetrl.trainer.logprobs import pack, packed_logprobs
+from fleetrl.trainer.model import load_causal_lm, target_logprobs
+from tests.unit.trainer.helpers import make_cfg, tiny_groups
+
+LENGTHS = [5, 17, 3, 30, 9]
+
+
+def _datums(seed: int = 0) -> list[Datum]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for n in LENGTHS:
+        seq = torch.randint(3, 300, (n + 1,), generator=g).tolist()
+        weights = [0] * (n // 3) + [1] * (n - n // 3)  # a prompt part, then the completion
+        rollout = (-torch.rand(n, generator=g)).tolist()
+        out.append(Datum(seq[:-1], seq[1:], weights, rollout))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return load_causal_lm(tiny_model_dir)
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 1024])
+def test_packed_chunked_logprobs_and_entropy_equal_the_padded_full_logits(model, chunk):
+    datums = _datums()
+    batch = collate(datums)
+    with torch.no_grad():
+        padded_lp, padded_ent = target_logprobs(
+            model, batch.input_tokens_BT, batch.target_tokens_BT, temperature=0.7, entropy_mask_BT=batch.mask_BT
+        )
+        packed = pack([d.input_tokens for d in datums], [d.target_tokens for d in datums])
+        lp_N, ent_N = packed_logprobs(model, packed, temperature=0.7, chunk_tokens=chunk, entropy=True)
+    assert lp_N.shape == (sum(LENGTHS),)
+    real = batch.attention_mask_BT.bool()
+    assert torch.allclose(packed.to_padded(lp_N)[real], padded_lp[real], atol=1e-5)
+    keep = batch.mask_BT.bool()
+    assert torch.allclose(packed.to_padded(ent_N)[keep], padded_ent[keep], atol=1e-5)
+
+
+def _loss_and_grads(trainer: PolicyTrainer, datums, advantages, *, packing: bool, budget: int | None):
+    loop = trainer.loop
+    loop.packing, loop.micro_batch_tokens = packing, budget
+    trainer.model.zero_grad(set_to_none=True)
+    out = loop.accumulate_gradients(datums, advantages, list(range(len(datums))))
+    grads = {n: p.grad.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.model.zero_grad(set_to_none=True)
+    return out, grads
+
+
+@pytest.mark.parametrize(
+    ("loss", "agg"),
+    [
+        ("grpo", "token-mean"),
+        ("grpo", "seq-mean-token-mean"),
+        ("grpo", "seq-mean-token-sum-norm"),
+        ("grpo", "sum"),
+        ("gspo", "token-mean"),
+        ("cispo", "token-mean"),
+    ],
+)
+def test_packed_micro_batches_give_the_padded_loss_and_gradients(tiny_model_dir, tmp_path, loss, agg):
+    assert loss in LOSS_NAMES
+    cfg = make_cfg(tiny_model_dir, tmp_path, policy_loss=loss, loss_agg_mode=agg, logprob_chunk_tokens=8)
+    trainer = PolicyTrainer(cfg)
+    datums = _datums(1)
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5])
+    padded, padded_grads = _loss_and_grads(trainer, datums, advantages, packing=False, budget=None)
+    for budget in (None, 20, 1):  # one micro-batch; a few; one sample each (a row longer than the budget goes alone)
+        packed, packed_grads = _loss_and_grads(trainer, datums, advantages, packing=True, budget=budget)
+        assert packed["_loss"] == pytest.approx(padded["_loss"], rel=1e-5, abs=1e-7), budget
+        assert packed["_tokens"] == padded["_tokens"]
+        scale = max(g.abs().max().item() for g in padded_grads.values())
+        for name, grad in padded_grads.items():
+            assert (packed_grads[name] - grad).abs().max().item() <= 1e-4 * scale, (budget, name)
+    trainer.close()
+
+
+def test_a_packed_step_trains_the_weights_the_padded_step_trains(tiny_model_dir, tmp_path):
+    """The whole step (the old-logprob pass of num_minibatches = 2 included) over the same groups."""
+    groups = tiny_groups(tiny_model_dir, num_groups=2, group_size=4)
+    results = {}
+    for packing in (False, True):
+        cfg = make_cfg(
+            tiny_model_dir, tmp_path / str(packing), packing=packing, num_minibatches=2, micro_batch_tokens=40
+        )
+        trainer = PolicyTrainer(cfg)
+        metrics = trainer.train_step(groups).metrics
+        results[packing] = (metrics, {n: p.detach().clone() for n, p in trainer.model.named_parameters()})
+        trainer.close()
+    (m_pad, w_pad), (m_pack, w_pack) = results[False], results[True]
+    for key in ("train/loss", "optim/grad_norm", "optim/entropy"):
+        assert m_pack[key] == pytest.approx(m_pad[key], rel=1e-4, abs=1e-5), key
+    # AdamW's first steps move every weight by about lr whatever its gradient's size, so where a gradient is ~0 a
+    # float32 rounding difference can flip a weight's step: compare the updates as a whole (relative L2 norm).
+    base = PolicyTrainer(make_cfg(tiny_model_dir, tmp_path / "base"))
+    start = {n: p.detach() for n, p in base.model.named_parameters()}
+    pad_update = torch.cat([(w - start[n]).flatten() for n, w in w_pad.items()])
+    pack_update = torch.cat([(w_pack[n] - start[n]).flatten() for n in w_pad])
+    assert pad_update.norm() > 0
+    assert ((pack_update - pad_update).norm() / pad_update.norm()).item() < 1e-2
+    base.close()
+
+
+class _LargestLogits(TorchDispatchMode):
+    """The most rows of any vocabulary-wide tensor (last dimension = the vocabulary: logits, log-softmax, their
+    gradients) an op produced, forward and backward."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.rows = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-1] == self.vocab:
+                self.rows = max(self.rows, t.numel() // self.vocab)
+        return out
+
+
+def test_chunked_logprobs_never_build_the_tokens_by_vocab_tensor(model):
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (120, 200, 80)]
+    packed = pack([s[:-1] for s in seqs], [s[1:] for s in seqs])
+    # A chunk wider than the hidden size, so the lm_head weight's transpose ([H, V], a view) counts less.
+    vocab, tokens, chunk = model.config.vocab_size, packed.num_tokens, 100
+    assert model.config.hidden_size < chunk < tokens
+    rows = {}
+    for name, chunk_tokens in (("full", 0), ("chunked", chunk)):
+        model.zero_grad(set_to_none=True)
+        with _LargestLogits(vocab) as probe:
+            lp, ent = packed_logprobs(model, packed, chunk_tokens=chunk_tokens, entropy=True)
+            (lp.sum() + 0 * ent.sum()).backward()
+        rows[name] = probe.rows
+    model.zero_grad(set_to_none=True)
+    assert rows["full"] == tokens  # the full path builds [tokens, V]: the probe sees it
+    assert rows["chunked"] == chunk  # forward and backward: one chunk's logits at a time
