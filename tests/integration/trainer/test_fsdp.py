@@ -141,3 +141,50 @@ def test_lora_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
     for name in tensors:
         param = resumed_params[name.replace(".weight", ".default.weight")]
         torch.testing.assert_close(param.detach(), exported[name], atol=0, rtol=0, msg=name)
+
+
+MIXED_SETTINGS = {"compute_dtype": "bfloat16", "learning_rate": 1e-6, "grad_clip_norm": None}
+
+
+def _mixed_worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
+    ctx = rank_context(rank, world, port)
+    trainer = PolicyTrainer(make_cfg(model_dir, f"{workdir}/mixed", **MIXED_SETTINGS), dist_ctx=ctx)
+    seen: list[torch.dtype] = []
+    trainer.model.model.layers[0].mlp.down_proj.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    try:
+        if rank == 0:
+            trainer.train_step(list(read_groups_jsonl(f"{workdir}/groups.jsonl")))
+            trainer.export_hf(f"{workdir}/mixed_export")
+            trainer.stop_followers()
+        else:
+            trainer.follow()
+        sharded = [p.dtype for p in trainer.model.parameters()]
+        state = [t.dtype for s in trainer.optimizer.state.values() for t in s.values() if t.dim()]
+        with open(f"{workdir}/mixed_{rank}.json", "w") as f:
+            json.dump(
+                {
+                    "forward": sorted({str(d) for d in seen}),
+                    "params": sorted({str(d) for d in sharded}),
+                    "optimizer": sorted({str(d) for d in state}),
+                },
+                f,
+            )
+    finally:
+        destroy(ctx)
+    end_rank()
+
+
+def test_two_ranks_train_in_mixed_precision_over_float32_shards(tiny_model_dir, tmp_path, free_port):
+    """FSDP2's MixedPrecisionPolicy: forward in bfloat16, float32 shards and AdamW state, and an lr-1e-6 step that
+    moves the weights (it would round away in bfloat16)."""
+    write_groups_jsonl(tmp_path / "groups.jsonl", tiny_groups(tiny_model_dir, num_groups=2))
+    mp.spawn(_mixed_worker, args=(2, free_port, tiny_model_dir, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        seen = json.loads((tmp_path / f"mixed_{rank}.json").read_text())
+        assert seen == {"forward": ["torch.bfloat16"], "params": ["torch.float32"], "optimizer": ["torch.float32"]}
+    exported = load_file(tmp_path / "mixed_export" / "model.safetensors")
+    base = load_file(f"{tiny_model_dir}/model.safetensors")
+    changed = sum(int((exported[n] != base[n]).sum()) for n in base)
+    total = sum(t.numel() for t in base.values())
+    assert exported["model.norm.weight"].dtype == torch.float32
+    assert changed / total > 0.5
