@@ -775,16 +775,18 @@ def check_trainer(ctx: Ctx) -> None:
     uniform = [s.row_tokens] * (s.rows_per_step // 2)
     mix = list(s.mix_lengths)
     rows_label = f"{s.rows_per_step} rows x {s.row_tokens}"
+    # The GPU defaults: mixed precision, packing, checkpointing on (long rows), and a step's rows in one micro-batch
+    # (micro_batch_tokens = None), so the search below sizes the micro-batch by the rows it sends.
     base: dict[str, Any] = {"dtype": "float32", "gradient_checkpointing": True}
     if have["compute_dtype"]:
         base["compute_dtype"] = "bfloat16"
     if have["packing"]:
         base["packing"] = True
+    if have["micro_batch_tokens"]:
+        base["micro_batch_tokens"] = None
     precision = "mixed precision (bf16 compute, fp32 master)" if have["compute_dtype"] else "fp32"
     packing = "packed" if have["packing"] else "padded"
     try:
-        # The default GPU settings first: uniform rows, the long-tailed mix, then the micro-batch search (last, as
-        # it ends in an out-of-memory error).
         trainer = bench.use(**base)
         attn = getattr(trainer.model.config, "_attn_implementation", "?")
         ctx.row("attention implementation", f"{attn} (packed rows: flash-attention varlen, else a block-diagonal mask)")
@@ -796,7 +798,6 @@ def check_trainer(ctx: Ctx) -> None:
         ctx.row(f"{precision}, {packing}: long-tailed mix {mix} x 2", describe(m), **m)
         if not have["packing"]:
             ctx.row("packed (no compute on padding)", "Config has no packing", NOT_BUILT)
-        search_micro_batch(ctx, bench)
 
         bench.use(**{**base, "gradient_checkpointing": False})
         m = bench.measure(uniform, s.timed_steps)
@@ -810,29 +811,37 @@ def check_trainer(ctx: Ctx) -> None:
             bench.use(**{**base, "packing": False})
             m = bench.measure(mix, s.timed_steps)
             ctx.row(f"{precision}, padded: long-tailed mix {mix} x 2", describe(m), **m)
+            m = bench.measure(uniform, s.timed_steps)
+            ctx.row(f"{precision}, padded, checkpointing on: {rows_label}", describe(m), **m)
     except torch.cuda.OutOfMemoryError as exc:
         raise CheckFailed(f"out of memory outside the micro-batch search: {str(exc)[:200]}") from exc
+    finally:
+        bench.close()
+    # Last, as it runs until the time left or an out-of-memory error: on the default settings again.
+    try:
+        bench.use(**base)
+        search_micro_batch(ctx, bench)
     finally:
         bench.close()
 
 
 def search_micro_batch(ctx: Ctx, bench: TrainerBench) -> None:
-    """Double the rows of one step (one micro-batch, or micro_batch_tokens = rows x row length where that knob
-    exists) until the device runs out of memory or the cap; the largest that ran is the answer."""
+    """Double the rows of one step (all in one micro-batch: micro_batch_tokens = None; the forwards are counted)
+    until the device runs out of memory, the cap, or the check's time; the largest that ran is the answer."""
     import torch
 
     s = ctx.sizes
     trainer = bench.trainer
-    budget_knob = has_knob("micro_batch_tokens")
     rows, best, last_s = 2, None, 0.0
+    tried: list[str] = []  # "rows: tokens/s" of every size that ran (the first of each size includes warm-up)
     started = time.perf_counter()
     stopped = f"the cap of {s.max_micro_rows} rows"
     while rows <= s.max_micro_rows:
-        if last_s and ctx.remaining() < 3 * last_s + 30:
+        # A packed row's attention may grow with its length squared (a block-diagonal mask without flash-attention):
+        # leave room for a step five times the last.
+        if last_s and ctx.remaining() < 5 * last_s + 15:
             stopped = "the check's time"
             break
-        if budget_knob:
-            trainer.cfg.micro_batch_tokens = rows * s.row_tokens
         oom = False
         try:
             reset_peak(ctx)
@@ -847,6 +856,7 @@ def search_micro_batch(ctx: Ctx, bench: TrainerBench) -> None:
             stopped = f"out of memory at {rows} rows"
             break
         best = {"rows": rows, "tokens": tokens, "step_s": seconds, "peak_gib": peak_gib(ctx), "forwards": forwards}
+        tried.append(f"{rows}: {tokens / seconds:,.0f}")
         last_s = seconds
         rows *= 2
     took = time.perf_counter() - started
@@ -858,11 +868,11 @@ def search_micro_batch(ctx: Ctx, bench: TrainerBench) -> None:
         f"largest micro-batch (rows of {s.row_tokens})",
         f"{best['rows']} rows in one step ran in {best['forwards']} micro-batch(es), {per_micro} rows each "
         f"({per_micro * s.row_tokens} tokens); {best['tokens'] / best['step_s']:,.0f} tok/s, peak "
-        f"{fmt_gib(best['peak_gib'])}; stopped by {stopped}",
+        f"{fmt_gib(best['peak_gib'])}; stopped by {stopped}; tok/s by rows {'; '.join(tried)}",
         seconds=took,
         **best,
         stopped=stopped,
-        micro_batch_tokens_knob=budget_knob,
+        tokens_per_s_by_rows=tried,
     )
 
 
