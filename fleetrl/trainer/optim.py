@@ -35,15 +35,36 @@ def lr_multiplier(step: int, *, warmup_steps: int, total_steps: int | None, sche
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+# Devices torch's fused AdamW runs on (torch.optim.optimizer._get_fused_kernels_supported_devices; CPU since torch
+# 2.4). AdamW only checks at its first step, so a parameter elsewhere (e.g. still on meta) would fail mid-run.
+FUSED_ADAMW_DEVICES = frozenset({"cuda", "cpu", "xpu", "mps", "hpu"})
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: Any) -> torch.optim.AdamW:
-    """AdamW with the run config's learning rate, betas, eps and decoupled weight decay."""
-    return torch.optim.AdamW(
-        [p for p in params if p.requires_grad],
-        lr=cfg.learning_rate,
-        betas=(cfg.adam_beta1, cfg.adam_beta2),
-        eps=cfg.adam_eps,
-        weight_decay=cfg.weight_decay,
-    )
+    """AdamW with the run config's learning rate, betas, eps and decoupled weight decay.
+
+    Fused (one kernel for the whole update of every parameter) where torch has a fused AdamW for the parameters'
+    device and dtype: CUDA, and CPU in recent torch, plain tensors and FSDP2's DTensor shards alike. Elsewhere the
+    multi-tensor (foreach) implementation, which computes the same update. `optimizer_implementation` says which.
+    """
+    trainable = [p for p in params if p.requires_grad]
+    kwargs = {
+        "lr": cfg.learning_rate,
+        "betas": (cfg.adam_beta1, cfg.adam_beta2),
+        "eps": cfg.adam_eps,
+        "weight_decay": cfg.weight_decay,
+    }
+    if trainable and all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in trainable):
+        return torch.optim.AdamW(trainable, fused=True, **kwargs)
+    return torch.optim.AdamW(trainable, foreach=True, **kwargs)
+
+
+def optimizer_implementation(optimizer: torch.optim.Optimizer) -> str:
+    """'fused', 'foreach' or 'for-loop': which AdamW implementation `optimizer` steps with."""
+    defaults = optimizer.defaults
+    if defaults.get("fused"):
+        return "fused"
+    return "foreach" if defaults.get("foreach") else "for-loop"
 
 
 def build_scheduler(

@@ -38,3 +38,39 @@ def test_optimizer_takes_the_config():
     opt = build_optimizer([torch.nn.Parameter(torch.zeros(2))], cfg)
     group = opt.param_groups[0]
     assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (3e-4, (0.8, 0.95), 1e-6, 0.1)
+
+
+def _one_step(params: list[torch.nn.Parameter], optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    for i, p in enumerate(params):
+        p.grad = torch.full_like(p, 0.01 * (i + 1)) + 0.001 * torch.arange(p.numel(), dtype=p.dtype).view_as(p)
+    optimizer.step()
+    return [p.detach().clone() for p in params]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adamw_is_fused_where_torch_has_it_and_steps_as_the_plain_one(dtype):
+    from fleetrl.trainer.optim import optimizer_implementation
+
+    cfg = Config(base_model="x", learning_rate=1e-3, weight_decay=0.1)
+    torch.manual_seed(0)
+    start = [torch.randn(8, 16, dtype=dtype), torch.randn(16, dtype=dtype)]
+    fused_params = [torch.nn.Parameter(t.clone()) for t in start]
+    plain_params = [torch.nn.Parameter(t.clone()) for t in start]
+    fused = build_optimizer(fused_params, cfg)
+    assert optimizer_implementation(fused) == "fused"  # torch >= 2.4 has a fused AdamW for CPU, float32 and bf16
+    plain = torch.optim.AdamW(
+        plain_params, lr=1e-3, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps, weight_decay=0.1, foreach=False
+    )
+    for _ in range(3):
+        ours, theirs = _one_step(fused_params, fused), _one_step(plain_params, plain)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2  # bf16 weights round to 8 bits; the two differ by at most one ulp
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=0)
+
+
+def test_adamw_falls_back_to_foreach_where_no_fused_kernel_exists():
+    from fleetrl.trainer.optim import optimizer_implementation
+
+    params = [torch.nn.Parameter(torch.empty(4, device="meta"))]  # no fused AdamW for the meta device
+    optimizer = build_optimizer(params, Config(base_model="x"))
+    assert optimizer_implementation(optimizer) == "foreach"
