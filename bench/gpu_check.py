@@ -1118,7 +1118,8 @@ def check_up(ctx: Ctx) -> None:
         ctx.row("warm start", f"exit {code}: {_tail(ctx.workdir / 'warm_start.log')}", FAIL, seconds=took)
         raise CheckFailed("the arithmetic warm start failed")
     summary = [line for line in _lines(ctx.workdir / "warm_start.log") if "held-out greedy accuracy" in line]
-    ctx.row(f"warm start ({s.warm_start_steps} SFT steps)", summary[-1] if summary else "done", seconds=took)
+    said = summary[-1].split(" -> ")[0] if summary else "done"
+    ctx.row(f"warm start ({s.warm_start_steps} SFT steps)", said, seconds=took)
 
     run_dir = ctx.workdir / "arithmetic" / "run"
     sets = {
@@ -1161,12 +1162,14 @@ def check_up(ctx: Ctx) -> None:
         raise CheckFailed(f"fleetrl up failed (exit {code}, {len(steps)}/{s.up_steps} steps)")
     rewards = [round(m["rollout/raw_reward"], 3) for m in steps]
     tps = [m.get("perf/tokens_per_s") for m in steps if m.get("perf/tokens_per_s")]
+    fwd_bwd = [m["perf/fwd_bwd_time"] for m in steps if "perf/fwd_bwd_time" in m]
     gpu = ""
     if ctx.cuda:
         gpu = f"; device memory in use during the run: up to {gpu_peak[0] / GIB:.2f} GiB" if gpu_peak else ""
     ctx.row(
         f"fleetrl up, arithmetic, {s.up_steps} steps ({where})",
-        f"exit 0 in {took:.1f} s; rewards by step {rewards}; versions {[int(m['version']) for m in steps]}{gpu}",
+        f"exit 0 in {took:.1f} s; rewards by step {rewards}; versions {[int(m['version']) for m in steps]}; trainer "
+        f"fwd+bwd {sum(fwd_bwd) / max(len(fwd_bwd), 1):.3f} s/step{gpu}",
         seconds=took,
         steps=len(steps),
         rewards=rewards,
