@@ -7,8 +7,9 @@ another client fits); `Sampler` is fleetrl's implementation, used by every gatew
     completions = await setup.sampler.sample_with_tokens(messages=[{"role": "user", "content": q}], n=1)
     c = completions[0]; c.full_tokens, c.prompt_len, c.inference_logprobs, c.finish_reason, c.text, c.versions
 
-The cookbook's other sampling arguments: `stop` (a string or strings: the completion is cut after the token that
-completes one, finish_reason "stop"), `max_seq_len` (max_tokens is capped so prompt + completion fit),
+The cookbook's other sampling arguments: `stop` (a string or strings: the replica ends the completion with the
+token that completes one, finish_reason "stop", so it does not run on to max_tokens; the sampler cuts there too,
+for a replica older than the request's `stop` field), `max_seq_len` (max_tokens is capped so prompt + completion fit),
 `http_timeout` (seconds for the whole call, retries included), `logprobs=True` (always on: `inference_logprobs`,
 also readable as `sampling_logprobs`); `echo=True` and `logprobs=N` (top-N) are refused with what to use instead.
 
@@ -287,6 +288,7 @@ class Sampler:
             top_k=int(params.pop("top_k", 0) or 0),
             stop_token_ids=tuple(params.pop("stop_token_ids", ()) or ()),
             seed=seed,
+            stop=tuple(stops),
         )
         if params:
             raise TypeError(f"unknown sampling arguments: {sorted(params)}")
@@ -296,6 +298,8 @@ class Sampler:
         out = []
         for c in completions:
             tokens, logprobs, versions, finish = list(c.token_ids), list(c.logprobs), list(c.versions), c.finish_reason
+            # The engine ended the completion at the stop string; the same cut here is a safety net for a replica
+            # that predates `stop` on the request (it ignores the field and runs on): it keeps what the engine would.
             keep = cut_at_stop(self.tokenizer, tokens, stops)
             if keep is not None:  # a stop string ends it, even one completed by the last token of a "length" cut
                 tokens, logprobs, versions, finish = tokens[:keep], logprobs[:keep], versions[:keep], "stop"

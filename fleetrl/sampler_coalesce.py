@@ -40,6 +40,7 @@ def merge_key(request: SamplingRequest) -> tuple | None:
         request.top_k,
         tuple(request.stop_token_ids),
         request.ignore_eos,
+        request.stop,
     )
 
 

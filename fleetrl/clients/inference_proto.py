@@ -2,7 +2,7 @@
 
 Used by the server (request_from_proto, completions_to_proto) and by clients (request_to_proto,
 completions_from_proto). Proto3 zero defaults map to the engine defaults: n 0 -> 1, max_tokens 0 -> 64,
-unset temperature/top_p -> 1.0, unset seed -> None.
+unset temperature/top_p -> 1.0, unset seed -> None, no stop strings -> ().
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def request_to_proto(request: SamplingRequest, request_id: str = "") -> inferenc
         ignore_eos=request.ignore_eos,
         request_id=request_id,
         seeds=list(request.seeds),
+        stop=list(request.stop),
     )
 
 
@@ -40,6 +41,7 @@ def request_from_proto(msg: inference_pb2.GenerateRequest) -> SamplingRequest:
         seed=msg.seed if msg.HasField("seed") else None,
         ignore_eos=msg.ignore_eos,
         seeds=tuple(msg.seeds),
+        stop=tuple(msg.stop),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+MAX_STOP_STRINGS = 64  # stop strings per request at most (each is searched for after every token)
 
 
 class WeightLoadError(RuntimeError):
@@ -40,6 +41,9 @@ class SamplingRequest:
     seed: int | None = None  # completion i of a seeded request uses seed + i
     ignore_eos: bool = False  # keep generating past eos (benchmarks want fixed lengths)
     seeds: tuple[int, ...] = ()  # instead of seed: one per completion, completion i uses seeds[i]
+    # Stop strings: a completion ends with the token that completes the first one to appear in its decoded text
+    # (special tokens skipped), finish_reason "stop"; the tokens and logprobs end there (the stop text included).
+    stop: tuple[str, ...] = ()
 
     def sequence_seed(self, i: int) -> int | None:
         """The seed of completion `i` (None: unseeded)."""
@@ -84,6 +88,10 @@ class SamplingRequest:
                 raise ValueError(f"seeds must hold one seed per completion (n = {self.n}), got {len(self.seeds)}")
             if not all(0 <= s < 2**63 for s in self.seeds):
                 raise ValueError(f"every seed must be in [0, 2**63), got {list(self.seeds)[:5]}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise ValueError(f"stop must hold non-empty strings, got {list(self.stop)[:5]!r}")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop holds {len(self.stop)} strings; at most {MAX_STOP_STRINGS}")
 
 
 @dataclass

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetrl/v1/inference.proto\x12\nfleetrl.v1\"\x8c\x02\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05seeds\x18\x0b \x03(\x04\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"n\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x10\n\x08versions\x18\x05 \x03(\x03\"?\n\x10GenerateResponse\x12+\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x16.fleetrl.v1.Completion\"\x0f\n\rStatusRequest\"\xe5\x01\n\x0eStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eloaded_version\x18\x03 \x01(\x03\x12\x17\n\x0floaded_checksum\x18\x04 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x15\n\rrelay_address\x18\t \x01(\t\x12\x15\n\rrelay_version\x18\n \x01(\x03\"W\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05relay\x18\x04 \x01(\x08\"]\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07pause_s\x18\x04 \x01(\x01\x32\xe3\x01\n\tInference\x12\x45\n\x08Generate\x12\x1b.fleetrl.v1.GenerateRequest\x1a\x1c.fleetrl.v1.GenerateResponse\x12?\n\x06Status\x12\x19.fleetrl.v1.StatusRequest\x1a\x1a.fleetrl.v1.StatusResponse\x12N\n\x0bLoadWeights\x12\x1e.fleetrl.v1.LoadWeightsRequest\x1a\x1f.fleetrl.v1.LoadWeightsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetrl/v1/inference.proto\x12\nfleetrl.v1\"\x9a\x02\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05seeds\x18\x0b \x03(\x04\x12\x0c\n\x04stop\x18\x0c \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"n\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x10\n\x08versions\x18\x05 \x03(\x03\"?\n\x10GenerateResponse\x12+\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x16.fleetrl.v1.Completion\"\x0f\n\rStatusRequest\"\xe5\x01\n\x0eStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eloaded_version\x18\x03 \x01(\x03\x12\x17\n\x0floaded_checksum\x18\x04 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x15\n\rrelay_address\x18\t \x01(\t\x12\x15\n\rrelay_version\x18\n \x01(\x03\"W\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05relay\x18\x04 \x01(\x08\"]\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07pause_s\x18\x04 \x01(\x01\x32\xe3\x01\n\tInference\x12\x45\n\x08Generate\x12\x1b.fleetrl.v1.GenerateRequest\x1a\x1c.fleetrl.v1.GenerateResponse\x12?\n\x06Status\x12\x19.fleetrl.v1.StatusRequest\x1a\x1a.fleetrl.v1.StatusResponse\x12N\n\x0bLoadWeights\x12\x1e.fleetrl.v1.LoadWeightsRequest\x1a\x1f.fleetrl.v1.LoadWeightsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,19 +32,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fleetrl.v1.inference_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=43
-  _globals['_GENERATEREQUEST']._serialized_end=311
-  _globals['_COMPLETION']._serialized_start=313
-  _globals['_COMPLETION']._serialized_end=423
-  _globals['_GENERATERESPONSE']._serialized_start=425
-  _globals['_GENERATERESPONSE']._serialized_end=488
-  _globals['_STATUSREQUEST']._serialized_start=490
-  _globals['_STATUSREQUEST']._serialized_end=505
-  _globals['_STATUSRESPONSE']._serialized_start=508
-  _globals['_STATUSRESPONSE']._serialized_end=737
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=739
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=826
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=828
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=921
-  _globals['_INFERENCE']._serialized_start=924
-  _globals['_INFERENCE']._serialized_end=1151
+  _globals['_GENERATEREQUEST']._serialized_end=325
+  _globals['_COMPLETION']._serialized_start=327
+  _globals['_COMPLETION']._serialized_end=437
+  _globals['_GENERATERESPONSE']._serialized_start=439
+  _globals['_GENERATERESPONSE']._serialized_end=502
+  _globals['_STATUSREQUEST']._serialized_start=504
+  _globals['_STATUSREQUEST']._serialized_end=519
+  _globals['_STATUSRESPONSE']._serialized_start=522
+  _globals['_STATUSRESPONSE']._serialized_end=751
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=753
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=840
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=842
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=935
+  _globals['_INFERENCE']._serialized_start=938
+  _globals['_INFERENCE']._serialized_end=1165
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("prompt_token_ids", "n", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "seed", "ignore_eos", "request_id", "seeds")
+    __slots__ = ("prompt_token_ids", "n", "max_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "seed", "ignore_eos", "request_id", "seeds", "stop")
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,7 @@ class GenerateRequest(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SEEDS_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     n: int
     max_tokens: int
@@ -30,7 +31,8 @@ class GenerateRequest(_message.Message):
     ignore_eos: bool
     request_id: str
     seeds: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., seeds: _Optional[_Iterable[int]] = ...) -> None: ...
+    stop: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., n: _Optional[int] = ..., max_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., seed: _Optional[int] = ..., ignore_eos: _Optional[bool] = ..., request_id: _Optional[str] = ..., seeds: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Completion(_message.Message):
     __slots__ = ("token_ids", "logprobs", "finish_reason", "prompt_len", "versions")

@@ -6,6 +6,8 @@ Not a substitute for vLLM, but the same API and semantics (one conformance suite
   copied n times), then decode one token for every active sequence per step in a single batched forward.
 - The batch shares one left-padded KV cache (transformers DynamicCache) with a 2-D attention mask and explicit
   position ids; finished sequences are dropped from it and all-padding leading columns trimmed.
+- A request's stop strings end a sequence at the token that completes the first one in its decoded text
+  (special tokens skipped): the completion ends there, finish_reason "stop", as a stop token would end it.
 - Each sequence samples with its own torch.Generator (seed + index, or its own of `seeds`, when seeded), so a
   seeded request gives the same tokens whatever else is in the batch. Logprobs are those of the processed
   distribution (sampling.py).
@@ -147,6 +149,7 @@ class HFEngine(InferenceEngine):
             gen_eos = model.config.eos_token_id
         eos.update([gen_eos] if isinstance(gen_eos, int) else list(gen_eos or []))
         self._eos_ids = frozenset(eos)
+        self._tokenizer = tokenizer  # for stop strings (the worker thread decodes)
         self._state = model.state_dict()
         self._specs = {name: (tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in self._state.items()}
         seen: dict[int, str] = {}
@@ -374,7 +377,7 @@ class HFEngine(InferenceEngine):
             seq.token_ids.append(token)
             seq.logprobs.append(logprob)
             seq.versions.append(version)
-            if token in seq.stop_ids:
+            if token in seq.stop_ids or self._completes_stop_string(seq):
                 seq.finish_reason = FINISH_STOP
             elif len(seq.token_ids) >= seq.group.request.max_tokens or (
                 self._max_len is not None and pos + 1 >= self._max_len
@@ -390,6 +393,16 @@ class HFEngine(InferenceEngine):
             elif not seq.group.cancelled:  # a cancelled request's rows just leave
                 keep.append(row)
         self._batch.keep(keep)
+
+    def _completes_stop_string(self, seq: _Seq) -> bool:
+        """Whether the token just appended completes one of the request's stop strings. The whole completion is
+        decoded (special tokens skipped) and searched, as the sampler's client-side cut does (fleetrl.sampler.
+        cut_at_stop), so the engine stops at the very token that cut keeps: earlier tokens did not complete one."""
+        stops = seq.group.request.stop
+        if not stops:
+            return False
+        text = self._tokenizer.decode(seq.token_ids, skip_special_tokens=True)
+        return any(stop in text for stop in stops)
 
     def _resolve(self, group: _Group) -> None:
         prompt_len = len(group.request.prompt_token_ids)

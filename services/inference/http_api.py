@@ -5,9 +5,9 @@ Routes: GET /v1/models, POST /v1/completions (text or token-id prompts), POST /v
 tokenizer's chat template), GET /health. No streaming. Besides the OpenAI fields every choice carries `token_ids`,
 `token_logprobs` (per generated token, under the distribution sampled from), `versions` (policy version per
 token) and `prompt_token_ids`. Extra request fields accepted as in vLLM: top_k, stop_token_ids, ignore_eos.
-String `stop`s are applied after generation: the completion is cut before the first stop string, tokens
-included. Auth (the run's bearer token) and the policy-version headers come from http_auth.py's middleware, which
-http_server.py wraps around this app.
+String `stop`s go to the engine, which ends generation at the token that completes one; the text is cut before
+the stop string, the tokens keep it. Auth (the run's bearer token) and the policy-version headers come from
+http_auth.py's middleware, which http_server.py wraps around this app.
 
     api = OpenAIApi(engine, tokenizer, metrics, config)   # the routes' state; one method per route
     app = create_app(engine, tokenizer, metrics, config)  # the FastAPI app with those routes
@@ -106,6 +106,7 @@ def sampling_request(
         stop_token_ids=tuple(body.stop_token_ids or ()) + stops,
         seed=body.seed,
         ignore_eos=body.ignore_eos,
+        stop=(body.stop,) if isinstance(body.stop, str) and body.stop else tuple(s for s in body.stop or () if s),
     )
 
 

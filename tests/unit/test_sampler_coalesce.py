@@ -78,10 +78,12 @@ async def test_different_prompts_settings_or_no_seed_are_not_merged():
         req(seed=4, temperature=0.5),
         req(seed=None),
         req(seed=5, stop_token_ids=(7,)),
+        req(seed=6, stop=("x",)),
     ]
     results = await asyncio.gather(*(coalescer.generate(r) for r in calls))
-    assert results[:4] == [[1], [2], [3], [4]] and results[5] == [5]
-    assert sorted(r.n for r in engine.requests) == [1, 1, 1, 1, 2]
+    assert results[:4] == [[1], [2], [3], [4]] and results[5] == [5] and results[6] == [6]
+    assert sorted(r.n for r in engine.requests) == [1, 1, 1, 1, 1, 2]
+    assert [r.stop for r in engine.requests if r.seed == 6] == [("x",)]
     unseeded = [r for r in engine.requests if r.seed is None and not r.seeds]
     assert len(unseeded) == 1  # sent as it was
 

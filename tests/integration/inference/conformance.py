@@ -13,10 +13,11 @@ smallest prefix whose probability reaches p), not with the engines' code.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from fleetrl.clients.inference_types import SamplingRequest, WeightLoadError
 from fleetrl.services.inference.engine import InferenceEngine
@@ -137,6 +138,36 @@ async def check_stop_token_ids(engine: InferenceEngine, model_dir: str) -> None:
     (stopped,) = await engine.generate(request)
     assert stopped.finish_reason == "stop"
     assert stopped.token_ids == first.token_ids[: at + 1]
+
+
+async def check_stop_strings(engine: InferenceEngine, model_dir: str) -> None:
+    """A stop string ends generation inside the engine: the completion ends with the token that completes it
+    (finish_reason "stop"), its tokens and logprobs are those of a run without the stop string up to there (what
+    the sampler's client-side cut keeps), and the engine generated no token past it."""
+    from fleetrl.sampler import cut_at_stop
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = SamplingRequest(PROMPTS[2], max_tokens=40, ignore_eos=True, seed=5)
+    (first,) = await engine.generate(base)
+    at, stop = None, ""
+    for k in range(4, 30):  # a stop string whose first appearance is completed by the k-th token
+        stop = tokenizer.decode(first.token_ids[:k], skip_special_tokens=True)[-3:]
+        if len(stop) == 3 and cut_at_stop(tokenizer, first.token_ids, [stop]) == k:
+            at = k
+            break
+    assert at is not None, "no stop string to test with in the sample"
+    before = engine.stats().generated_tokens
+    request = dataclasses.replace(base, stop=("never in the text", stop))
+    (stopped,) = await engine.generate(request)
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == first.token_ids[:at]
+    assert len(stopped.logprobs) == len(stopped.versions) == at
+    assert max(abs(p - q) for p, q in zip(stopped.logprobs, first.logprobs[:at], strict=False)) < 1e-4
+    assert engine.stats().generated_tokens - before == at, "the engine generated tokens past the stop string"
+    completions = await engine.generate(dataclasses.replace(request, n=3, seed=None, seeds=(5, 6, 7)))
+    for c in completions:  # each completion stops on its own; one without the string runs to max_tokens
+        keep = cut_at_stop(tokenizer, c.token_ids, [stop])
+        assert (c.finish_reason, len(c.token_ids)) == (("stop", keep) if keep else ("length", 40))
 
 
 async def check_eos_stops(engine: InferenceEngine, model_dir: str, eos_id: int) -> None:

@@ -42,6 +42,10 @@ async def test_stop_token_ids_finish_with_stop(engine, tiny_model_dir):
     await conformance.check_stop_token_ids(engine, tiny_model_dir)
 
 
+async def test_a_stop_string_ends_generation_in_the_engine(engine, tiny_model_dir):
+    await conformance.check_stop_strings(engine, tiny_model_dir)
+
+
 async def test_eos_stops(engine, tiny_model_dir):
     eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
     await conformance.check_eos_stops(engine, tiny_model_dir, eos)

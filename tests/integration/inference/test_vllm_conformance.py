@@ -39,6 +39,10 @@ async def test_stop_token_ids_finish_with_stop(vllm_engine, tiny_model_dir):
     await conformance.check_stop_token_ids(vllm_engine, tiny_model_dir)
 
 
+async def test_a_stop_string_ends_generation_in_the_engine(vllm_engine, tiny_model_dir):
+    await conformance.check_stop_strings(vllm_engine, tiny_model_dir)
+
+
 async def test_eos_stops(vllm_engine, tiny_model_dir):
     eos = AutoTokenizer.from_pretrained(tiny_model_dir).eos_token_id
     await conformance.check_eos_stops(vllm_engine, tiny_model_dir, eos)

@@ -42,6 +42,14 @@ async def test_a_stop_string_cuts_the_completion_after_the_token_that_completes_
     assert c.completion_tokens == [0, 1, 2, 3, 4] and c.finish_reason == "length"
 
 
+async def test_stop_strings_go_to_the_engine():
+    sampler = ScriptedSampler([0, 1])
+    await sampler.sample_with_prompt_tokens([7, 8], stop=["cd", 5, "zz"])
+    assert sampler.requests[0].stop == ("cd", "zz") and sampler.requests[0].stop_token_ids == (5,)
+    await sampler.sample_with_prompt_tokens([7, 8])
+    assert sampler.requests[1].stop == ()
+
+
 async def test_token_id_stops_go_to_the_engine_and_max_seq_len_caps_max_tokens():
     sampler = ScriptedSampler([0])
     await sampler.sample_with_prompt_tokens([7, 8, 9], stop=[5], max_tokens=64, max_seq_len=10)

@@ -23,6 +23,8 @@ from fleetrl.services.inference.engine import check_state_dict_matches
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"seed": -1}, "seed"),
+        ({"stop": ("",)}, "stop"),
+        ({"stop": ("x",) * 65}, "stop"),
     ],
 )
 def test_validate_names_the_bad_field(kwargs: dict, field: str) -> None:
@@ -33,6 +35,14 @@ def test_validate_names_the_bad_field(kwargs: dict, field: str) -> None:
 
 def test_a_good_request_validates() -> None:
     SamplingRequest([1, 2], n=4, max_tokens=8, temperature=0.0, top_k=5, top_p=0.5, seed=3).validate(512, 64)
+
+
+def test_stop_strings_travel_in_the_grpc_request() -> None:
+    from fleetrl.clients.inference_proto import request_from_proto, request_to_proto
+
+    request = SamplingRequest([1, 2], max_tokens=8, stop=("</tool_call>", "\n\n"))
+    assert request_from_proto(request_to_proto(request)).stop == ("</tool_call>", "\n\n")
+    assert request_from_proto(request_to_proto(SamplingRequest([1]))).stop == ()
 
 
 def test_state_dict_check_reports_every_kind_of_mismatch() -> None:

@@ -100,10 +100,11 @@ async def test_a_chat_completion_stops_at_end_of_turn_and_fills_the_context() ->
     (request,) = engine.requests
     prompt = CharTokenizer().apply_chat_template([{"role": "user", "content": "hi"}])
     assert request.stop_token_ids == (END_OF_TURN_ID,) and request.max_tokens == 100 - len(prompt)
+    assert request.stop == (".",)  # the engine ends generation there (this scripted one does not: cut here too)
     (choice,) = reply["choices"]
     assert choice["message"] == {"role": "assistant", "content": "ok"} and choice["finish_reason"] == "stop"
     assert [t["token"] for t in choice["logprobs"]["content"]] == ["o", "k", "."]
-    # usage counts the completion as generated, before the stop-string cut
+    # usage counts the completion as the engine returned it, before the stop-string cut
     assert reply["usage"]["completion_tokens"] == len("ok. done")
     assert _requests(api, "chat", "ok") == 1
 
