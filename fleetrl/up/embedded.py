@@ -50,7 +50,7 @@ def main(
     deletes a run found there first (as `fleetrl up --overwrite`)."""
     from fleetrl.model_path import ModelNotFoundError, check_model_path
     from fleetrl.up.log_dir import LogDirError
-    from fleetrl.up.run import check_log_dir, launch
+    from fleetrl.up.run import check_log_dir
 
     run_options = {k: v for k, v in options.items() if k in Config.model_fields}
     cookbook_up = cfg.cookbook_up_options  # DeployConfig.replica_count; main()'s own keyword arguments win
@@ -79,10 +79,29 @@ def main(
         up = main_options(up_data)
         check_model_path(cfg.base_model or "", "base_model")  # "no model at PATH" now, not a service's hub error
         # Before anything is written: a refused log_path keeps the rows and config of the run it holds.
-        check_log_dir(cfg, up, resume=resume, overwrite=overwrite)
+        lock = check_log_dir(cfg, up, resume=resume, overwrite=overwrite)
     except (LogDirError, ModelNotFoundError, ConfigError) as exc:
         print(f"fleetrl.main: {exc}", file=sys.stderr)
         return run_summary(cfg, 2)
+    try:  # log_path is this run's until it ends (a second run there is refused, naming this process)
+        return _launch(cfg, up_data, rows, dynamic_filter_fn, objects, resume, restart_weights, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _launch(
+    cfg: Config,
+    up_data: dict[str, Any],
+    rows: Iterable[dict[str, Any]] | None,
+    dynamic_filter_fn: Any,
+    objects: UserObjects,
+    resume: bool,
+    restart_weights: bool,
+    lock: Any,
+) -> dict[str, Any]:
+    from fleetrl.up.run import launch
+
     log_dir = Path(cfg.log_path)
     log_dir.mkdir(parents=True, exist_ok=True)
     run_data = cfg.model_dump(mode="json", exclude_none=False)
@@ -100,7 +119,7 @@ def main(
     config_path.write_text(json.dumps({"run": run_data, "up": up_data}, indent=2))
     run = Config.from_toml(config_path)
     up = UpConfig.from_file(config_path)
-    code = launch(config_path, [], run, up, resume=resume, restart_weights=restart_weights, objects=objects)
+    code = launch(config_path, [], run, up, resume=resume, restart_weights=restart_weights, objects=objects, lock=lock)
     return run_summary(run, code)
 
 

@@ -5,11 +5,20 @@ continued (`--resume`) or deliberately started over (`--overwrite`, which delete
 mixed into: a new run there would keep the old checkpoints (a later `--resume` would load them), the old final
 model, and append to the old logs. A log_path with only the logs of a start that failed before the controller
 came up holds no run: those logs are removed so the new run's logs start clean.
+
+A log_path is owned by one live run (`lock_log_dir`): `fleetrl up` holds an OS lock on `<log_path>/run.lock` for
+the run's life (its services inherit it), so a second start there, plain, `--resume` or `--overwrite`, is refused
+naming the live run's pid before it reads or deletes anything, while a crashed run (the OS released its lock) can
+still be resumed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import shutil
+import time
 from pathlib import Path
 
 JOURNAL = "controller.sqlite"
@@ -32,8 +41,80 @@ RUN_FILES = (
 SERVICE_LOGS = ("controller.log", "trainer*.log", "reference.log", "inference-*.log", "gateway-*.log")
 
 
+LOCK_FILE = "run.lock"
+"""In log_path: locked (flock) by the live run that owns the folder, and holding its pid. Never deleted: a lock
+file unlinked while another process holds it open would let two runs lock two different files."""
+
+
 class LogDirError(ValueError):
     """The log_path cannot be used as asked; the message says what to do."""
+
+
+class RunLock:
+    """The OS lock that makes a live run the owner of its log_path (`lock_log_dir`). The kernel releases it when
+    every process holding its descriptor (`fleetrl up` and the services it started) has exited, however they
+    ended, so a crashed run can be resumed."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+
+    def release(self) -> None:
+        """Unlock now (`fleetrl.main()` returning in a process that goes on); the file stays."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _holder(fd: int, wait_s: float = 1.0) -> str:
+    """The pid the lock's holder wrote (it writes it right after locking: wait a little for it)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        os.lseek(fd, 0, os.SEEK_SET)
+        text = os.read(fd, 64).decode(errors="replace").strip()
+        if text or time.monotonic() >= deadline:
+            return text or "unknown"
+        time.sleep(0.02)
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def lock_log_dir(log_dir: Path) -> RunLock:
+    """Make this process the owner of `log_dir` for the run's life, or raise LogDirError naming the live run
+    (its `fleetrl up` pid) that owns it. Creates `log_dir` if needed; call before reading or deleting anything
+    in it."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    path = log_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _holder(fd)
+        os.close(fd)
+        if pid != "unknown" and not _pid_alive(pid):
+            raise LogDirError(
+                f"{log_dir} is still in use: the services of the run whose `fleetrl up` (pid {pid}) ended are still "
+                "stopping (a trainer may be writing its checkpoint); start again once they have exited"
+            ) from None
+        raise LogDirError(
+            f"{log_dir} is in use by a live run (`fleetrl up`, pid {pid}): stop it first (Ctrl-C, or kill -TERM "
+            f"{pid}; then --resume continues it), or give this run another log_path"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    with contextlib.suppress(OSError):  # the pid is only for the message of a refused start
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+    return RunLock(path, fd)
 
 
 def _not_empty(path: Path) -> bool:

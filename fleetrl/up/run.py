@@ -8,7 +8,9 @@ trainer from its last checkpoint (every `dcp_save_interval` steps, and at every 
 trained step), the replicas from the weights the trainer publishes at that version; metrics.jsonl keeps one line
 per step (the lines of steps after the checkpoint are replaced by the retrained ones). A resume whose trainer has
 no checkpoint fails unless `--restart-weights` allows training the journal's rows again from the base model. A
-log_path that holds a run is never reused without `--resume`, or `--overwrite` (which deletes it first).
+log_path that holds a run is never reused without `--resume`, or `--overwrite` (which deletes it first). A log_path
+is owned by one live run (fleetrl.up.log_dir.lock_log_dir): a second `fleetrl up` there, with or without `--resume`
+or `--overwrite`, is refused (exit 2) naming the live run's pid, touching nothing.
 
 Ctrl-C or SIGTERM stops the services one kind at a time: gateways, then the controller (it finishes the step in
 flight), then the trainer (it checkpoints the last step), then reference and replicas; a second Ctrl-C stops at
@@ -48,7 +50,7 @@ from fleetrl.up.inprocess_gateway import (
     remove_log_handler,
     start_gateways,
 )
-from fleetrl.up.log_dir import LogDirError, prepare_log_dir
+from fleetrl.up.log_dir import LogDirError, RunLock, lock_log_dir, prepare_log_dir
 from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
@@ -72,12 +74,26 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
-def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> None:
-    """`log_path` may hold this run: resume it, or refuse to start over without --overwrite (then delete it).
-    Raises LogDirError; a run that only attaches gateways to a running controller is not checked."""
+def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> RunLock | None:
+    """Take `log_path` for this run (refused while another live run owns it: `lock_log_dir`), then check it: resume
+    the run it holds, or refuse to start over without --overwrite (then delete it). Returns the lock, to hold for
+    the run's life (`launch` hands it to the services); raises LogDirError. A run that only attaches gateways to a
+    running controller is not checked and takes no lock."""
     if up.controller_address is not None:
-        return
+        return None
     log_dir = Path(run.log_path)
+    if resume and overwrite:
+        raise LogDirError("--resume continues the run in log_path and --overwrite deletes it: choose one")
+    lock = lock_log_dir(log_dir)
+    try:
+        _prepare(run, up, log_dir, resume=resume, overwrite=overwrite)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _prepare(run: Config, up: UpConfig, log_dir: Path, *, resume: bool, overwrite: bool) -> None:
     checkpoint_dir = _flag_value(up.trainer_args, "--checkpoint-dir") or log_dir / "checkpoints"
     output_dir = _flag_value(up.trainer_args, "--output-dir") or run.output_dir or log_dir / "final"
     journal = _flag_value(up.controller_args, "--journal")
@@ -101,9 +117,11 @@ def launch(
     resume: bool = False,
     restart_weights: bool = False,
     objects: UserObjects | None = None,
+    lock: RunLock | None = None,
 ) -> int:
-    """Start every service and watch the run; `log_path` must have been checked (`check_log_dir`). With `objects`
-    (fleetrl.main) the gateways run in this process, given those Python objects; else each is a process."""
+    """Start every service and watch the run; `log_path` must have been checked (`check_log_dir`, whose `lock` the
+    services inherit: the folder stays owned until the last of them exits). With `objects` (fleetrl.main) the
+    gateways run in this process, given those Python objects; else each is a process."""
     log_dir = Path(run.log_path)
     metrics_path = log_dir / "metrics.jsonl"
     env = {
@@ -115,7 +133,7 @@ def launch(
     threads = _thread_plan(run, up)
     if threads is not None:
         env.update(threads.env("light"))  # controller and gateways; compute services get their share below
-    sup = Supervisor(log_dir, env)
+    sup = Supervisor(log_dir, env, keep_fds=(lock.fd,) if lock is not None else ())
     common = ["--config", str(config_path), *[a for s in sets for a in ("--set", s)]]
     stop_requested: list[int] = []
 
@@ -481,12 +499,14 @@ def main(argv: list[str] | None = None) -> int:
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset:
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
-        check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
+        lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2
-    try:
-        return launch(args.config, run_sets, run, up, resume=args.resume, restart_weights=args.restart_weights)
+    try:  # the lock is held until this process (and every service it started) has exited
+        return launch(
+            args.config, run_sets, run, up, resume=args.resume, restart_weights=args.restart_weights, lock=lock
+        )
     except KeyboardInterrupt:  # a second Ctrl-C while stopping: the children get SIGTERM as fleetrl up exits
         print("fleetrl up: stopped at once", file=sys.stderr)
         return 130

@@ -56,8 +56,10 @@ def log_tail(path: Path, lines: int = 40) -> str:
 class Supervisor:
     """Starts `python -m fleetrl serve ...` children and stops them all (SIGTERM, then SIGKILL)."""
 
-    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None, keep_fds: Sequence[int] = ()) -> None:
+        """`keep_fds`: descriptors every child inherits (the run's folder lock, held until the last one exits)."""
         self.log_dir = log_dir
+        self.keep_fds = tuple(keep_fds)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
         self.env = {**os.environ, **(env or {})}
@@ -97,6 +99,7 @@ class Supervisor:
                 env={**self.env, **(env or {})},
                 start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
                 preexec_fn=_die_with_parent,
+                pass_fds=self.keep_fds,
             )
         child = Child(name, kind, argv, log_path, process, ready_file, env=dict(env or {}))
         self.children.append(child)

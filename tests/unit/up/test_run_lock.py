@@ -1,0 +1,93 @@
+"""The lock that makes one live run the owner of its log_path (fleetrl.up.log_dir.lock_log_dir): a second start is
+refused naming the owner's pid, whatever it asks (two at once: one wins), and nothing is deleted; the OS releases
+the lock when the owner dies, however it ends, so a crashed run can be resumed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from fleetrl import Config
+from fleetrl.up.config import UpConfig
+from fleetrl.up.log_dir import LOCK_FILE, LogDirError, lock_log_dir
+from fleetrl.up.run import check_log_dir
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from fleetrl.up.log_dir import lock_log_dir
+lock = lock_log_dir(Path(sys.argv[1]))
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def hold_in_child(log_dir):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(log_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def test_a_second_lock_is_refused_naming_the_owner_and_freed_when_the_owner_is_killed(tmp_path):
+    proc = hold_in_child(tmp_path / "run")
+    try:
+        with pytest.raises(LogDirError) as refused:
+            lock_log_dir(tmp_path / "run")
+        assert f"in use by a live run (`fleetrl up`, pid {proc.pid})" in str(refused.value)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    lock = lock_log_dir(tmp_path / "run")  # a crashed run's folder: free again
+    assert (tmp_path / "run" / LOCK_FILE).read_text().strip() == str(os.getpid())
+    lock.release()
+
+
+def test_two_starts_at_once_one_wins(tmp_path):
+    first = lock_log_dir(tmp_path)
+    with pytest.raises(LogDirError, match=f"pid {os.getpid()}"):
+        lock_log_dir(tmp_path)  # another open of the file: flock refuses it even in the same process
+    first.release()
+    lock_log_dir(tmp_path).release()
+
+
+@pytest.mark.parametrize("flags", [{}, {"resume": True}, {"overwrite": True}])
+def test_any_start_on_a_live_runs_folder_is_refused_before_it_touches_a_file(tmp_path, flags):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for name in ("controller.sqlite", "metrics.jsonl", "trainer.log"):
+        (run_dir / name).write_text("live\n")
+    live = lock_log_dir(run_dir)
+    cfg = Config(base_model="m", log_path=str(run_dir))
+    up = UpConfig.from_dict({"rollout": "m:f"}, "test")
+    with pytest.raises(LogDirError, match="in use by a live run"):
+        check_log_dir(cfg, up, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
+    assert all((run_dir / n).read_text() == "live\n" for n in ("controller.sqlite", "metrics.jsonl", "trainer.log"))
+    live.release()
+    lock = check_log_dir(cfg, up, resume=False, overwrite=True)  # the run ended: it may be started over
+    assert lock is not None and not (run_dir / "metrics.jsonl").exists()
+    lock.release()
+
+
+def test_a_crashed_runs_services_still_holding_the_lock_are_named_as_stopping(tmp_path):
+    # The services inherit the lock; when `fleetrl up` itself died they hold it until they have stopped.
+    script = HOLDER.replace("lock = lock_log_dir(Path(sys.argv[1]))", "")
+    lock = lock_log_dir(tmp_path)
+    os.set_inheritable(lock.fd, True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True, pass_fds=(lock.fd,)
+    )
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        lock.release()
+        os.truncate(tmp_path / LOCK_FILE, 0)
+        (tmp_path / LOCK_FILE).write_text("999999999\n")  # an owner pid that is gone
+        with pytest.raises(LogDirError, match="still stopping"):
+            lock_log_dir(tmp_path)
+    finally:
+        child.kill()
+        child.wait()
+    lock_log_dir(tmp_path).release()
