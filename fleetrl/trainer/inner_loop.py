@@ -62,6 +62,29 @@ def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     return out
 
 
+RefRows = Sequence[torch.Tensor] | Mapping[int, torch.Tensor]
+
+
+class PendingRef:
+    """Reference logprobs still on their way (the reference service computes them while this step runs): the first
+    `get()` waits for them, once, and adds the wait to `timers["ref_wait"]`. The inner loop calls it right after the
+    first micro-batch's forward, so the reference's forward overlaps the old-logprob pass and that forward; under
+    several ranks every rank calls it at that same point (the loader may be a collective: rank 0 scatters each
+    rank's rows)."""
+
+    def __init__(self, load: Callable[[], RefRows], timers: dict[str, float]) -> None:
+        self._load = load
+        self._timers = timers
+        self._rows: RefRows | None = None
+
+    def get(self) -> RefRows:
+        if self._rows is None:
+            started = time.perf_counter()
+            self._rows = self._load()
+            self._timers["ref_wait"] = self._timers.get("ref_wait", 0.0) + time.perf_counter() - started
+        return self._rows
+
+
 def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> RowFigures:
     """The figures of `rows` (all present in `datums`), indexed by row."""
     return RowFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
@@ -82,6 +105,7 @@ class InnerLoop:
         pad_id: int,
         micro_batch_size: int | None = None,
         reference_context: Callable[[], AbstractContextManager[Any]] | None = None,
+        reference_model: torch.nn.Module | None = None,
     ) -> None:
         if micro_batch_size is not None and micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1 (or None), got {micro_batch_size}")
@@ -95,6 +119,7 @@ class InnerLoop:
         self.pad_id = pad_id
         self.micro_batch_size = micro_batch_size
         self.reference_context = reference_context
+        self.reference_model = reference_model
         self.packing: bool = getattr(cfg, "packing", False)
         self.micro_batch_tokens: int | None = getattr(cfg, "micro_batch_tokens", None)
         self.chunk_tokens: int = getattr(cfg, "logprob_chunk_tokens", 0)
@@ -135,19 +160,20 @@ class InnerLoop:
         return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
 
     def _forward(
-        self, batch: Any, micro: Sequence[Datum], *, entropy: bool
+        self, batch: Any, micro: Sequence[Datum], *, entropy: bool, model: torch.nn.Module | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Target logprobs `[B, T]` (float32) of a micro-batch, and its entropy when asked: packed into one row
         (fleetrl.trainer.logprobs) or as the padded batch, under the compute dtype, with activation checkpointing
         as configured for its size."""
+        model = self.model if model is None else model
         tokens = sum(len(d) for d in micro)
-        if self.checkpointing == "auto":
+        if self.checkpointing == "auto" and model is self.model:
             set_activation_checkpointing(self.model, tokens >= AUTO_CHECKPOINT_TOKENS)
         with self._compute():
             if self.packing:
                 packed = pack([d.input_tokens for d in micro], [d.target_tokens for d in micro]).to(self.device)
                 logprobs_N, entropy_N = packed_logprobs(
-                    self.model,
+                    model,
                     packed,
                     temperature=self.cfg.temperature,
                     chunk_tokens=self.chunk_tokens,
@@ -160,7 +186,7 @@ class InnerLoop:
                 )
             mask = batch.mask_BT.to(self.device) if entropy else None
             logprobs, ent = target_logprobs(
-                self.model,
+                model,
                 batch.input_tokens_BT.to(self.device),
                 batch.target_tokens_BT.to(self.device),
                 temperature=self.cfg.temperature,
@@ -184,6 +210,7 @@ class InnerLoop:
         minibatches: Sequence[Sequence[int]],
         timer: str = "old_logprobs",
         figures: RowFigures | None = None,
+        model: torch.nn.Module | None = None,
     ) -> dict[int, torch.Tensor]:
         """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
         the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's). Same micro-batches
@@ -195,7 +222,7 @@ class InnerLoop:
         for rows in minibatches:
             for micro in self._my_micro_batches(rows, figures):
                 batch, _, micro_datums = self._collate(datums, micro)
-                logprobs, _ = self._forward(batch, micro_datums, entropy=False)
+                logprobs, _ = self._forward(batch, micro_datums, entropy=False, model=model)
                 for j, i in enumerate(micro):
                     old[i] = logprobs[j, : len(datums[i])].float().cpu()
         self.timers[timer] = self.timers.get(timer, 0.0) + time.perf_counter() - started
@@ -205,7 +232,7 @@ class InnerLoop:
         self,
         datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
-        ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None,
+        ref_rows: RefRows | PendingRef | None,
         ref_future: Future[list[list[float]]] | None,
         figures: RowFigures | None = None,
     ) -> dict[str, float]:
@@ -217,16 +244,24 @@ class InnerLoop:
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
-        if self.reference_context is not None and self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None:
+        wants_ref = self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None
+        if wants_ref and self.reference_model is not None:
+            # The colocated reference: a frozen copy sharded like the policy, in the same micro-batches.
+            ref_rows = self.compute_logprobs(
+                datums, minibatches, timer="ref_forward", figures=figures, model=self.reference_model
+            )
+        elif wants_ref and self.reference_context is not None:
             with self.reference_context():
                 ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
+        if ref_rows is None and ref_future is not None:
+            future = ref_future
+            ref_rows = PendingRef(
+                lambda: [torch.tensor(lp, dtype=torch.float32) for lp in future.result(REF_WAIT_TIMEOUT_S)],
+                self.timers,
+            )
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         for rows in minibatches:
-            if ref_rows is None and ref_future is not None:
-                wait_started = time.perf_counter()
-                ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref_future.result(REF_WAIT_TIMEOUT_S)]
-                self.timers["ref_wait"] = self.timers.get("ref_wait", 0.0) + time.perf_counter() - wait_started
             part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows, figures=figures)
             norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
             if norm is None:
@@ -255,7 +290,7 @@ class InnerLoop:
         rows: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
-        ref_rows: Sequence[torch.Tensor] | Mapping[int, torch.Tensor] | None = None,
+        ref_rows: RefRows | PendingRef | None = None,
         figures: RowFigures | None = None,
     ) -> dict[str, float]:
         """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
@@ -275,6 +310,8 @@ class InnerLoop:
             batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
             logprobs, entropy = self._forward(batch, micro_datums, entropy=True)
+            if isinstance(ref_rows, PendingRef):  # every rank, after its first forward (see PendingRef)
+                ref_rows = ref_rows.get()
             width = logprobs.shape[1]
             old_BT = (
                 _pad_rows([old[i] for i in micro], width).to(self.device)

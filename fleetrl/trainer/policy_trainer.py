@@ -49,8 +49,8 @@ from fleetrl.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, resolve_compute_dtype
-from fleetrl.trainer.model import load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
+from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, PendingRef, resolve_compute_dtype
+from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
 
@@ -104,6 +104,7 @@ class PolicyTrainer:
         micro_batch_size: int | None = None,
         total_steps: int | None = None,
         refuse_stale: bool = True,
+        colocated_reference: bool = False,
     ) -> None:
         self.cfg = cfg
         # With a controller (stale_policy "requeue") a sample beyond the off-policy bound is never trained; replaying
@@ -155,6 +156,14 @@ class PolicyTrainer:
         total_batches = total_steps or cfg.max_steps
         total_opt = total_batches * cfg.num_minibatches if total_batches else None
         self.scheduler = build_scheduler(self.optimizer, cfg, total_opt)
+        # The colocated reference (kl_beta > 0, full fine-tuning): a frozen copy of the base model in this
+        # process, on the trainer's device, in its compute dtype, sharded like the policy; its logprobs come from
+        # the same micro-batches as the training forward (no service, no network, no wait).
+        self.reference_model = (
+            self._load_reference() if colocated_reference and cfg.kl_beta > 0 and not cfg.lora else None
+        )
+        if self.reference_model is not None and ref_logprobs_fn is not None:
+            raise ValueError("reference: give either a reference service (ref_logprobs_fn) or the colocated copy")
         self.loop = InnerLoop(
             cfg,
             model=self.model,
@@ -165,6 +174,7 @@ class PolicyTrainer:
             pad_id=self.pad_id,
             micro_batch_size=micro_batch_size,
             reference_context=self.model.disable_adapter if cfg.lora else None,
+            reference_model=self.reference_model,
         )
         self.state = TrainerState(base_model=cfg.base_model)
         self._trained_rows: set[int] = set()
@@ -179,6 +189,25 @@ class PolicyTrainer:
         return fdist.shard_model(
             model, self.device, self.ctx.world_size, self.ctx.mesh_shape, compute_dtype=self._mixed_dtype()
         )
+
+    def _load_reference(self) -> torch.nn.Module:
+        """The frozen reference: the base model in the compute dtype (bfloat16 on CUDA: half the memory of a float32
+        copy, and the same numerics as the policy's mixed-precision forward), sharded like the policy."""
+        compute = resolve_compute_dtype(self.cfg, self.device)
+        dtype = next(name for name, value in DTYPES.items() if value == compute)
+        if self.ctx.enabled:
+            model = load_sharded_causal_lm(
+                self.cfg.base_model,
+                lambda m: fdist.shard_model(m, self.device, self.ctx.world_size, self.ctx.mesh_shape),
+                dtype=dtype,
+                gradient_checkpointing=False,
+                device=self.device,
+            )
+        else:
+            model = load_causal_lm(self.cfg.base_model, dtype=dtype, device=self.device, trainable=False)
+        model.requires_grad_(False)
+        model.eval()
+        return model
 
     def _mixed_dtype(self) -> torch.dtype | None:
         """The compute dtype when it differs from the weights' (mixed precision), else None."""
@@ -274,10 +303,9 @@ class PolicyTrainer:
                 self.version,
             )
         batch.skipped_row_ids = duplicate + batch.skipped_row_ids
+        # Requested first, so the reference service computes while this step runs; under several ranks rank 0
+        # scatters each rank's share when the inner loop first needs it (`_pending_ref`), not before the step.
         ref_future = self._request_ref(batch)
-        if self.ctx.enabled and ref_future is not None:
-            # Other ranks need the reference logprobs in the broadcast, so resolve them first.
-            ref_future = _done_future(ref_future.result(REF_WAIT_TIMEOUT_S))
         header = {
             "op": "train",
             "step": step,
@@ -390,16 +418,15 @@ class PolicyTrainer:
         return self._ref_pool.submit(call)
 
     def _step_tensors(
-        self, header: dict[str, Any], batch: StepBatch | None, ref: list[list[float]] | None
-    ) -> tuple[list[Datum] | dict[int, Datum], torch.Tensor, list[torch.Tensor] | dict[int, torch.Tensor] | None]:
-        """Datums, advantages and reference logprobs of the step: on one process, of every row; on each rank of a
-        distributed step, of the rows it trains only (`rank_rows`, by row), which are all rank 0 sends it. The
-        advantages tensor is indexed by row (0 for rows another rank trains)."""
+        self, header: dict[str, Any], batch: StepBatch | None
+    ) -> tuple[list[Datum] | dict[int, Datum], torch.Tensor]:
+        """Datums and advantages of the step: on one process, of every row; on each rank of a distributed step, of
+        the rows it trains only (`rank_rows`, by row), which are all rank 0 sends it. The advantages tensor is
+        indexed by row (0 for rows another rank trains). Reference logprobs travel later (`_pending_ref`)."""
         if not self.ctx.enabled:  # one process: no broadcast, no flattening
             assert batch is not None
-            ref_rows = None if ref is None else [torch.tensor(lp, dtype=torch.float32) for lp in ref]
             datums = [build_datum(s) for s in batch.samples]
-            return datums, torch.tensor(batch.advantages, dtype=torch.float32), ref_rows
+            return datums, torch.tensor(batch.advantages, dtype=torch.float32)
         lengths = header["lengths"]
         versioned = header["versioned"]  # which samples carry per-token policy versions
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
@@ -409,8 +436,8 @@ class PolicyTrainer:
         if self.ctx.is_main:
             assert batch is not None
             ranks = [rank_rows(datum_lengths, num_minibatches, world, r) for r in range(world)]
-            parts = [_flat_rows(batch, ref if header["has_ref"] else None, rows) for rows in ranks]
-        specs = _flat_specs(lengths, versioned, header["has_ref"], mine)
+            parts = [_flat_rows(batch, rows) for rows in ranks]
+        specs = _flat_specs(lengths, versioned, mine)
         flat = fdist.scatter_tensors(parts, specs, self.ctx)
         my_lengths = [lengths[i] for i in mine]
         tokens = flat["tokens"].split(my_lengths)
@@ -426,12 +453,30 @@ class PolicyTrainer:
         }
         advantages = torch.zeros(len(lengths), dtype=torch.float32)
         advantages[mine] = flat["advantages"]
-        ref_rows: dict[int, torch.Tensor] | list[torch.Tensor] | None = None
-        if header["has_ref"]:
-            ref_rows = dict(zip(mine, flat["ref"].split([n - 1 for n in my_lengths]), strict=True))
-        elif ref is not None:
-            ref_rows = [torch.tensor(lp, dtype=torch.float32) for lp in ref]
-        return datums, advantages, ref_rows
+        return datums, advantages
+
+    def _pending_ref(self, header: dict[str, Any], ref_future: Future[list[list[float]]] | None) -> PendingRef:
+        """Each rank's reference logprobs, scattered by rank 0 when the inner loop first needs them (every rank
+        calls `get()` at the same point: after its first micro-batch's forward)."""
+        lengths = header["lengths"]
+        datum_lengths = [n - 1 for n in lengths]
+        world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
+        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
+
+        def load() -> dict[int, torch.Tensor]:
+            parts = None
+            if self.ctx.is_main:
+                assert ref_future is not None
+                ref = ref_future.result(REF_WAIT_TIMEOUT_S)
+                parts = []
+                for r in range(world):
+                    rows = rank_rows(datum_lengths, num_minibatches, world, r)
+                    parts.append({"ref": torch.tensor([x for i in rows for x in ref[i]], dtype=torch.float32)})
+            specs = {"ref": (torch.float32, sum(datum_lengths[i] for i in mine))}
+            flat = fdist.scatter_tensors(parts, specs, self.ctx)
+            return dict(zip(mine, flat["ref"].split([datum_lengths[i] for i in mine]), strict=True))
+
+        return PendingRef(load, self.loop.timers)
 
     def _do_train(
         self,
@@ -442,14 +487,19 @@ class PolicyTrainer:
         step = int(header["step"])
         started = time.perf_counter()
         self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
-        ref_now = ref_future.result(REF_WAIT_TIMEOUT_S) if (ref_future is not None and self.ctx.enabled) else None
-        datums, advantages, ref_rows = self._step_tensors(header, batch, ref_now)
+        datums, advantages = self._step_tensors(header, batch)
+        ref_rows: PendingRef | None = None
         figures = RowFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
         num_rows = len(header["lengths"])
         metrics: dict[str, float] = {}
+        local_future = ref_future
+        if self.ctx.enabled and header["has_ref"]:
+            ref_rows, local_future = self._pending_ref(header, ref_future), None
+        elif self.ctx.enabled:
+            local_future = None
         if num_rows:
             try:
-                metrics = self.loop.train_batch(datums, advantages, ref_rows, ref_future, figures)
+                metrics = self.loop.train_batch(datums, advantages, ref_rows, local_future, figures)
                 self.state.optimizer_steps += int(metrics[mn.OPTIMIZER_STEPS])
             except BaseException:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -635,7 +685,7 @@ class PolicyTrainer:
         return out
 
 
-def _flat_rows(batch: StepBatch, ref: list[list[float]] | None, rows: Sequence[int]) -> dict[str, torch.Tensor]:
+def _flat_rows(batch: StepBatch, rows: Sequence[int]) -> dict[str, torch.Tensor]:
     """The samples `rows` of the step as flat 1-D tensors (the fields of `_flat_specs`), end to end in row order."""
     samples = [batch.samples[i] for i in rows]
     flat = {
@@ -644,8 +694,6 @@ def _flat_rows(batch: StepBatch, ref: list[list[float]] | None, rows: Sequence[i
         "mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.long),
         "advantages": torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32),
     }
-    if ref is not None:
-        flat["ref"] = torch.tensor([x for i in rows for x in ref[i]], dtype=torch.float32)
     if any(s.versions is not None for s in batch.samples):
         flat["versions"] = torch.tensor(
             [v for s in samples if s.versions is not None for v in s.versions], dtype=torch.long
@@ -654,7 +702,7 @@ def _flat_rows(batch: StepBatch, ref: list[list[float]] | None, rows: Sequence[i
 
 
 def _flat_specs(
-    lengths: Sequence[int], versioned: Sequence[bool], has_ref: bool, rows: Sequence[int]
+    lengths: Sequence[int], versioned: Sequence[bool], rows: Sequence[int]
 ) -> dict[str, tuple[torch.dtype, int]]:
     """Dtype and length of each flat tensor of `_flat_rows` for `rows`, from the header alone."""
     total = sum(lengths[i] for i in rows)
@@ -664,14 +712,6 @@ def _flat_specs(
         "mask": (torch.long, total),
         "advantages": (torch.float32, len(rows)),
     }
-    if has_ref:
-        specs["ref"] = (torch.float32, total - len(rows))
     if any(versioned):
         specs["versions"] = (torch.long, sum(lengths[i] for i in rows if versioned[i]))
     return specs
-
-
-def _done_future(value: Any) -> Future[Any]:
-    future: Future[Any] = Future()
-    future.set_result(value)
-    return future

@@ -1,5 +1,7 @@
-"""Where the policy trainer gets reference logprobs (kl_beta > 0): the reference service over gRPC, or a
-frozen in-process copy of the base model ("local", for standalone runs and debugging).
+"""Where the policy trainer gets reference logprobs (kl_beta > 0): the reference service over gRPC. The other
+source, "local", is the colocated copy: a frozen base model inside the trainer's own ranks, on its device and in its
+compute dtype, sharded like the policy (`PolicyTrainer(colocated_reference=True)`), whose logprobs come from the
+training micro-batches themselves.
 
 `make_reference_fn` returns the plain callable `PolicyTrainer` takes, `(sequences, temperature) ->
 logprobs`, called from the trainer's reference thread while the trainer runs its own forward.
@@ -39,20 +41,10 @@ class LoopThread:
 def make_reference_fn(
     reference: str | None, run_cfg: Any, *, auth_token: str | None, timeout_s: float, device: str
 ) -> RefLogprobsFn | None:
-    """None (no KL), a local frozen model ("local"), or a client of the reference service at HOST:PORT."""
-    if reference is None:
+    """None (no KL, or "local": the colocated copy `PolicyTrainer(colocated_reference=True)` loads itself), or a
+    client of the reference service at HOST:PORT."""
+    if reference is None or reference == "local":
         return None
-    if reference == "local":
-        from fleetrl.trainer.model import load_causal_lm, pad_token_id, sequence_logprobs
-
-        model = load_causal_lm(run_cfg.base_model, dtype=run_cfg.dtype, device=device, trainable=False)
-        pad_id = pad_token_id(model)
-        model_device = next(model.parameters()).device
-
-        def local(sequences: list[list[int]], temperature: float) -> list[list[float]]:
-            return sequence_logprobs(model, sequences, temperature=temperature, pad_id=pad_id, device=model_device)
-
-        return local
 
     from fleetrl.clients.reference import ReferenceClient
 

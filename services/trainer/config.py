@@ -33,7 +33,8 @@ class TrainerServiceConfig(BaseModel):
     reference: str | None = Field(
         None,
         description="Where ref logprobs come from when kl_beta > 0: HOST:PORT of `fleetrl serve reference`, "
-        "or 'local' (a frozen copy in this process). Unused when kl_beta = 0 or with LoRA (the base weights "
+        "or 'local' (a frozen copy colocated in the trainer's ranks, on its device and compute dtype, sharded "
+        "like the policy). Unused when kl_beta = 0 or with LoRA (the base weights "
         "with the adapter disabled are the reference).",
     )
     auth_token: str | None = Field(

@@ -53,10 +53,12 @@ CHECK_INTERVAL_S = 1.0
 def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrainer:
     """The PolicyTrainer the config describes (reference logprobs wired on rank 0 only)."""
     ref_fn = None
-    if ctx.is_main:
+    # LoRA: the policy's own base weights (adapter disabled) are the reference; nothing to connect to.
+    wants_ref = config.run.kl_beta > 0 and not config.run.lora
+    colocated = wants_ref and config.reference == "local"  # a frozen copy in every rank, sharded like the policy
+    if ctx.is_main and not colocated:
         ref_fn = make_reference_fn(
-            # LoRA: the policy's own base weights (adapter disabled) are the reference; nothing to connect to.
-            config.reference if config.run.kl_beta > 0 and not config.run.lora else None,
+            config.reference if wants_ref else None,
             config.run,
             auth_token=config.auth_token,
             timeout_s=config.reference_timeout_s,
@@ -73,6 +75,7 @@ def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrain
         total_steps=config.total_steps,
         # Without a controller (standalone replay of recorded groups, auto steps) there is no gate and no bound.
         refuse_stale=not (config.auto_steps or config.standalone),
+        colocated_reference=colocated,
     )
 
 

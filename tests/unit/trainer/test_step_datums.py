@@ -39,7 +39,7 @@ def _header() -> dict:
 
 def test_a_single_process_step_trains_build_datum_of_each_sample(trainer):
     batch = SimpleNamespace(samples=SAMPLES, advantages=[1.0, -1.0, 0.0])
-    datums, advantages, _ = trainer._step_tensors(_header(), batch, None)
+    datums, advantages = trainer._step_tensors(_header(), batch)
     assert datums == [build_datum(s) for s in SAMPLES]
     assert advantages.tolist() == [1.0, -1.0, 0.0]
 
@@ -69,9 +69,9 @@ def test_each_rank_of_a_distributed_step_gets_the_datums_of_its_rows_versions_in
     assert trainer.cfg.num_minibatches == 1
 
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
-    main, main_adv, _ = trainer._step_tensors(_header(), batch, None)
+    main, main_adv = trainer._step_tensors(_header(), batch)
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
-    follower, follower_adv, _ = trainer._step_tensors(_header(), None, None)
+    follower, follower_adv = trainer._step_tensors(_header(), None)
     assert main == {0: expected[0]}
     assert follower == {1: expected[1], 2: expected[2]}
     assert main_adv[[0]].tolist() == [1.0] and follower_adv[[1, 2]].tolist() == [-1.0, 0.0]
@@ -86,13 +86,22 @@ def test_each_rank_of_a_distributed_step_gets_the_datums_of_its_rows_versions_in
 
 
 def test_the_reference_logprobs_of_a_rank_are_those_of_its_rows(trainer, monkeypatch):
-    _fake_scatter(monkeypatch)
-    batch = SimpleNamespace(samples=SAMPLES, advantages=[1.0, -1.0, 0.0])
+    from concurrent.futures import Future
+
+    sent = _fake_scatter(monkeypatch)
     ref = [[-0.5, -1.0, -1.5], [-2.0, -2.5], [-3.0]]
+    future: Future = Future()
     header = {**_header(), "has_ref": True}
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
-    _, _, main_ref = trainer._step_tensors(header, batch, ref)
+    main_pending = trainer._pending_ref(header, future)
     trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
-    _, _, follower_ref = trainer._step_tensors(header, None, None)
+    follower_pending = trainer._pending_ref(header, None)
+    assert not sent  # nothing travels before the inner loop asks: the reference still computes
+    future.set_result(ref)
+    trainer.ctx = dataclasses.replace(trainer.ctx, rank=0, world_size=2)
+    main_ref = main_pending.get()
+    trainer.ctx = dataclasses.replace(trainer.ctx, rank=1, world_size=2)
+    follower_ref = follower_pending.get()
     assert {i: t.tolist() for i, t in main_ref.items()} == {0: ref[0]}
     assert {i: t.tolist() for i, t in follower_ref.items()} == {1: ref[1], 2: ref[2]}
+    assert main_pending.get() is main_ref  # one wait, one scatter
