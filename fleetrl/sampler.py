@@ -47,7 +47,9 @@ log = logging.getLogger(__name__)
 REPLICA_DROPPED = "replica left the routable set"
 RETRYABLE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED)
 """The gRPC codes of a transient failure (the one list): a Generate call is retried on another replica, a rollout
-that failed with one is run again, a controller call that failed with one is retried until `controller_lost_s`."""
+that failed with one is run again, and a gateway's controller call that failed with one is made again until the
+controller has been unreachable for `controller_lost_s` (a lease or heartbeat by the gateway's loop; a row or
+evaluation report resent until delivered: fleetrl.gateway.worker.Gateway._deliver)."""
 MAX_BACKOFF_S = 2.0
 
 

@@ -12,6 +12,8 @@ rejected. A rollout past `rollout_timeout_s` is cancelled, dropped and counted, 
 its own `generate_timeout_s` (retried on another replica). A rollout returning an unknown type stops the gateway
 (exit code 4, the type named: fleetrl.rollout.RolloutReturnTypeError). A group with fewer than `min_group_size`
 valid samples has its missing members run again, up to `max_incomplete_group_retries` times, before it is rejected.
+Every row outcome and evaluation is reported at least once: a report the controller did not answer (a transient
+gRPC error) is sent again until it answers or `controller_lost_s` passes (the controller takes a repeat as late).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ class Gateway:
         self._slots = asyncio.Semaphore(limit)
         self._last_contact = time.monotonic()
         self.heartbeat_interval_s = 2.0
+        self.report_retry_s = 0.2  # the first pause before a report the controller did not answer is sent again
         self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
         self.row_latencies_s: deque[float] = deque(maxlen=100_000)
         self._group_fn = False  # the rollout function is a group rollout (fleetrl.rollout.group_rollout)
@@ -121,6 +124,22 @@ class Gateway:
             raise
         self._last_contact = time.monotonic()
         return reply
+
+    async def _deliver(self, method: Any, request: Any, what: str) -> Any:
+        """A report (`ReportRows`, `ReportEval`) delivered at least once: a transient failure (RETRYABLE_CODES) is
+        retried with backoff until the controller answers or has been unreachable for `controller_lost_s`
+        (ControllerLost). A report the controller already applied (only its reply was lost) changes nothing the
+        second time: it names the row's attempt, and the controller takes a report for an attempt no longer
+        leased as late."""
+        pause = self.report_retry_s
+        while True:
+            reply = await self._call(method, request)
+            if reply is not None:
+                return reply
+            self.counters["reports_retried"] += 1
+            log.warning("%s: the controller did not answer; sending it again in %.1f s", what, pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, 5.0)
 
     # --- the loop ------------------------------------------------------------------------------
     async def run(self) -> int:
@@ -274,9 +293,10 @@ class Gateway:
             log.error("evaluation of version %d failed: %s", version, "".join(traceback.format_exception(exc)))
             metrics = {"failed": 1.0}
         metrics["seconds"] = time.monotonic() - started
-        await self._call(
+        await self._deliver(
             self.stub.ReportEval,
             controller_pb2.ReportEvalRequest(version=version, metrics=metrics, gateway_id=self.gateway_id),
+            f"evaluation of version {version}",
         )
 
     # --- one row -------------------------------------------------------------------------------
@@ -400,8 +420,10 @@ class Gateway:
         else:
             report.outcome, report.reason = controller_pb2.REJECTED, assembled.reason
             self.counters["rows_rejected"] += 1
-        await self._call(
-            self.stub.ReportRows, controller_pb2.ReportRowsRequest(gateway_id=self.gateway_id, reports=[report])
+        await self._deliver(
+            self.stub.ReportRows,
+            controller_pb2.ReportRowsRequest(gateway_id=self.gateway_id, reports=[report]),
+            f"row {leased.row_id}'s report",
         )
         self.counters["rows_done"] += 1
         self.row_seconds_sum += time.monotonic() - started

@@ -590,6 +590,11 @@ class Orchestrator:
                 await asyncio.wait_for(self.wakeup.wait(), timeout=0.5)
 
     def record_eval(self, version: int, metrics: dict[str, float]) -> None:
+        """A gateway's evaluation of `version`: one metrics line. A repeat (a gateway sends a report again when
+        its reply was lost) changes nothing."""
+        if version in self.evaluated:
+            log.info("evaluation of version %d reported again: already recorded, ignored", version)
+            return
         self.evaluated[version] = dict(metrics)
         if self.evaluate_version == version:
             self.evaluate_version = -1

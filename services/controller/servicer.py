@@ -148,6 +148,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     report.row_id, outcome, now, request.gateway_id or None, min_version, report.attempt or None
                 )
             )
+            if results[-1] == "late":  # a repeat (its reply was lost), another holder's or an old attempt's
+                continue
             for why, count in report.samples_dropped.items():
                 if why in DROP_REASONS and count >= 0:  # a forged or buggy report cannot invent counters
                     self.scheduler.count_dropped(why, count)

@@ -65,7 +65,9 @@ async def run_against(controller: Controller, rollout_factory, **config) -> Gate
     try:
         assert await asyncio.wait_for(gateway.run(), 20.0) == 0  # before either fix: retried a gone controller
     finally:
-        await stopper
+        if not controller.told.is_set():  # the gateway failed or hung: do not wait for a reply never sent
+            stopper.cancel()
+        await asyncio.gather(stopper, return_exceptions=True)
         await server.stop(None)
     return gateway
 
