@@ -188,3 +188,62 @@ def test_two_ranks_train_in_mixed_precision_over_float32_shards(tiny_model_dir, 
     total = sum(t.numel() for t in base.values())
     assert exported["model.norm.weight"].dtype == torch.float32
     assert changed / total > 0.5
+
+
+REF_SETTINGS = {**SETTINGS, "kl_beta": 0.1, "temperature": 0.9, "max_head_offpolicy_versions": 1}
+
+
+def _ref_worker(rank: int, world: int, port: int, model_dir: str, workdir: str, placement: str) -> None:
+    from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
+
+    ctx = rank_context(rank, world, port)
+    ref_fn = None
+    if placement == "service" and rank == 0:  # what the reference service computes, called from rank 0's thread
+        frozen = load_causal_lm(model_dir, trainable=False)
+        ref_fn = lambda seqs, t: sequence_logprobs(frozen, seqs, temperature=t)  # noqa: E731
+    trainer = PolicyTrainer(
+        make_cfg(model_dir, f"{workdir}/{placement}", **REF_SETTINGS),
+        dist_ctx=ctx,
+        micro_batch_size=2,
+        ref_logprobs_fn=ref_fn,
+        colocated_reference=placement == "colocated",
+    )
+    try:
+        if placement == "colocated":  # sharded like the policy: this rank holds a shard only
+            assert all(hasattr(p, "full_tensor") for p in trainer.reference_model.parameters())
+        if rank == 0:
+            groups = list(read_groups_jsonl(f"{workdir}/groups.jsonl"))
+            results = [trainer.train_step(groups[:2]), trainer.train_step(groups[2:])]
+            trainer.stop_followers()
+            with open(f"{workdir}/{placement}_metrics.json", "w") as f:
+                json.dump([r.metrics for r in results], f)
+        else:
+            trainer.follow()
+    finally:
+        destroy(ctx)
+    end_rank()
+
+
+@pytest.mark.parametrize("placement", ["colocated", "service"])
+def test_two_ranks_get_the_reference_of_one_rank(tiny_model_dir, tmp_path, free_port, placement):
+    """The KL term under FSDP2 with the reference colocated (a sharded frozen copy) or from a service (rank 0
+    scatters each rank's share once the step is under way) equals one process's."""
+    from fleetrl import metric_names as mn
+    from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
+
+    groups = tiny_groups(tiny_model_dir, num_groups=4, temperature=0.9)
+    groups[0].samples.pop()
+    write_groups_jsonl(tmp_path / "groups.jsonl", groups)
+    mp.spawn(_ref_worker, args=(2, free_port, tiny_model_dir, str(tmp_path), placement), nprocs=2, join=True)
+    theirs_all = json.loads((tmp_path / f"{placement}_metrics.json").read_text())
+    frozen = load_causal_lm(tiny_model_dir, trainable=False)
+    single = PolicyTrainer(
+        make_cfg(tiny_model_dir, tmp_path / "single", **REF_SETTINGS),
+        micro_batch_size=2,
+        ref_logprobs_fn=lambda seqs, t: sequence_logprobs(frozen, seqs, temperature=t),
+    )
+    ours_all = [single.train_step(groups[:2]).metrics, single.train_step(groups[2:]).metrics]
+    assert ours_all[1][mn.KL_REFERENCE] > 0
+    for ours, theirs in zip(ours_all, theirs_all, strict=True):
+        for key in (mn.LOSS, mn.GRAD_NORM, mn.KL_REFERENCE):
+            assert theirs[key] == pytest.approx(ours[key], rel=1e-4, abs=1e-6), key
