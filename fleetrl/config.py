@@ -13,7 +13,7 @@ import json
 import tomllib
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -127,8 +127,10 @@ class Config(BaseModel):
     temperature: float = Field(1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling; 1.0 = full distribution.")
     top_k: int = Field(0, ge=0, description="Top-k sampling; 0 = off.")
-    max_seq_len: int | None = Field(
-        2048, ge=2, description="Longest trajectory (prompt + completion); longer ones are dropped. None = no cap."
+    max_seq_len: Annotated[int, Field(ge=2)] | Literal["model"] | None = Field(
+        "model",
+        description="Longest trajectory (prompt + completion); longer ones are dropped. 'model' = the model's context "
+        "length (max_position_embeddings in its config.json); None = no cap.",
     )
     advantage_mode: Literal["standardize", "center"] = Field(
         "standardize", description="Group advantage: (r-mean)/std, or mean-centering only."
@@ -276,7 +278,7 @@ class Config(BaseModel):
             raise ValueError(f"policy_loss {self.policy_loss!r} is not one of {list(LOSS_NAMES)}")
         if self.min_group_size > g:
             raise ValueError(f"min_group_size ({self.min_group_size}) must be <= completions_per_prompt ({g})")
-        if self.max_seq_len is not None and self.max_completion_tokens >= self.max_seq_len:
+        if isinstance(self.max_seq_len, int) and self.max_completion_tokens >= self.max_seq_len:
             raise ValueError(
                 f"max_completion_tokens ({self.max_completion_tokens}) must be < max_seq_len "
                 f"({self.max_seq_len}) to leave room for the prompt"

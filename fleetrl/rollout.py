@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from fleetrl.seq_len import resolve_max_seq_len
+
 if TYPE_CHECKING:
     from fleetrl.config import Config
     from fleetrl.sampler import SamplerLike
@@ -174,7 +176,7 @@ class RolloutSetup:
             sample_kwargs=dict(run.sample_kwargs),
             completions_per_prompt=run.completions_per_prompt,
             extras=dict(run.rollout_extras),
-            max_seq_len=run.max_seq_len,
+            max_seq_len=resolve_max_seq_len(run),
         )
 
 

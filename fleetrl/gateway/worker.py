@@ -49,6 +49,7 @@ from fleetrl.rollout import (
 from fleetrl.rpc import open_channel
 from fleetrl.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
 from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
+from fleetrl.seq_len import resolve_max_seq_len
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -386,7 +387,7 @@ class Gateway:
             self.min_group_size,
             self.dynamic_filter,
             self.gateway_id,
-            max_seq_len=self.run_cfg.max_seq_len,
+            max_seq_len=resolve_max_seq_len(self.run_cfg),
             attempt=leased.attempt,
             vocab_size=self.vocab_size,
             lease_tag=leased.lease_tag,

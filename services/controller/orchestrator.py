@@ -31,6 +31,7 @@ from fleetrl.controller.step_sums import StepSums
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
 from fleetrl.sample_log import LoggedSample
+from fleetrl.seq_len import resolve_max_seq_len
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.step_metrics import done_fraction
 from fleetrl.trackers import TrackerSet
@@ -525,7 +526,7 @@ class Orchestrator:
             steps_trained=steps,
             steps_empty=steps_without_update(self.metrics_path, steps),
             counters=self.scheduler.counters,
-            max_seq_len=self.run_cfg.max_seq_len,
+            max_seq_len=resolve_max_seq_len(self.run_cfg),
         )
         if message is not None:
             raise RunFailed(f"{message}; nothing exported")
