@@ -1,6 +1,6 @@
 """The trainer and inference never share a GPU (issue 26): compose reserves each its own ids (FLEETRL_TRAINER_GPUS,
 FLEETRL_INFERENCE_GPUS) and both services refuse to start, naming the two variables, when the lists overlap; the
-chart does the same with trainer.gpuIds / inference.gpuIds at `helm template`."""
+chart names no GPU ids at all (the device plugin allocates `nvidia.com/gpu`, never one GPU to two containers)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,23 @@ def test_gpu_env_check_names_a_bad_id():
     with pytest.raises(ValueError, match="FLEETRL_INFERENCE_GPUS: 'x' is not a GPU id"):
         check_gpu_env({"FLEETRL_TRAINER_GPUS": "0", "FLEETRL_INFERENCE_GPUS": "1,x"})
     check_gpu_env({"FLEETRL_TRAINER_GPUS": "0,1", "FLEETRL_INFERENCE_GPUS": "2,3"})
+
+
+def test_chart_pods_get_gpus_only_from_the_device_plugin():
+    """The chart picks no GPU ids: each GPU pod asks for `nvidia.com/gpu` and the device plugin hands every container
+    GPUs of its own, so inference and the trainer cannot overlap. A *_VISIBLE_DEVICES variable in a pod would
+    bypass that allocation; none is set."""
+    from tests.deploy.from_chart import CHART, WORKLOADS, render_chart, values_file
+
+    manifests = render_chart(values_file(CHART / "values-gpu-scaled.yaml"), name="gpus")
+    gpus_by_workload = {}
+    for manifest in manifests:
+        if manifest["kind"] not in WORKLOADS:
+            continue
+        for container in manifest["spec"]["template"]["spec"]["containers"]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not {"CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"} & names, manifest["metadata"]["name"]
+            limits = (container.get("resources") or {}).get("limits") or {}
+            gpus_by_workload[manifest["metadata"]["name"]] = limits.get("nvidia.com/gpu", 0)
+    assert gpus_by_workload["gpus-fleetrl-trainer"] == 8
+    assert gpus_by_workload["gpus-fleetrl-inference"] == 1
