@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fleetrl.config import Config, ConfigError, format_validation_error, parse_override, read_config_file
-from fleetrl.gpu_layout import check_disjoint_gpus
+from fleetrl.gpu_layout import check_disjoint_gpus, check_gpu_lists
 
 
 class UpConfig(BaseModel):
@@ -80,6 +80,18 @@ class UpConfig(BaseModel):
     inference_tensor_parallel_size: int = Field(
         1, ge=1, description="vLLM tensor_parallel_size of each replica (GPUs per replica); above 1 needs engine vllm."
     )
+    reference_placement: Literal["trainer", "service"] = Field(
+        "trainer",
+        description="Where the KL reference runs (kl_beta > 0, full fine-tuning): 'trainer' = a frozen copy in the "
+        "trainer's ranks (--reference local: its device and compute dtype, sharded like the policy, no extra "
+        "process); 'service' = a reference service process on the trainer's device and compute dtype "
+        "(reference_gpus when the trainer is on GPUs).",
+    )
+    reference_gpus: list[int] | None = Field(
+        None,
+        description="The GPU id of the reference service (CUDA_VISIBLE_DEVICES; one GPU), with reference_placement "
+        "= 'service'; implies --device cuda. Required there when the trainer runs on CUDA.",
+    )
 
     @property
     def trainer_ranks(self) -> int:
@@ -110,6 +122,7 @@ class UpConfig(BaseModel):
             check_disjoint_gpus(
                 self.trainer_gpus, [i for ids in self.inference_gpus for i in ids], "trainer_gpus", "inference_gpus"
             )
+        self._reference_layout()
         tp = self.inference_tensor_parallel_size
         if tp > 1 and self.engine != "vllm":
             raise ValueError(
@@ -121,6 +134,49 @@ class UpConfig(BaseModel):
                 f"{[len(ids) for ids in self.inference_gpus]}"
             )
         return self
+
+    def _reference_layout(self) -> None:
+        if self.reference_gpus is not None and self.reference_placement != "service":
+            raise ValueError(
+                "reference_gpus: the reference runs in the trainer's ranks (reference_placement = 'trainer'), on "
+                "the trainer's GPUs; set reference_placement = 'service' to give it GPUs of its own"
+            )
+        if self.reference_gpus is not None and len(self.reference_gpus) != 1:
+            raise ValueError(
+                f"reference_gpus has {len(self.reference_gpus)} GPUs: the reference service runs on one GPU (a "
+                "model too big for one runs best with reference_placement = 'trainer', sharded like the policy)"
+            )
+        if self.reference_placement == "service" and self.reference_gpus is None and self.trainer_on_cuda:
+            raise ValueError(
+                "reference_gpus: reference_placement = 'service' with the trainer on CUDA needs a GPU of the "
+                "reference service's own (reference_gpus = [id]), or reference_placement = 'trainer'"
+            )
+        if self.reference_gpus is not None:
+            lists = {"reference_gpus": self.reference_gpus}
+            if self.trainer_gpus is not None:
+                lists["trainer_gpus"] = self.trainer_gpus
+            if self.inference_gpus is not None:
+                lists["inference_gpus"] = [i for ids in self.inference_gpus for i in ids]
+            check_gpu_lists(lists)
+
+    @property
+    def trainer_device(self) -> str:
+        """The trainer's torch device: its --device in trainer_args, else cuda with trainer_gpus, else cpu."""
+        device = None
+        for i, arg in enumerate(self.trainer_args):  # the last --device wins, as the trainer's parser takes it
+            if arg == "--device" and i + 1 < len(self.trainer_args):
+                device = self.trainer_args[i + 1]
+            elif arg.startswith("--device="):
+                device = arg.split("=", 1)[1]
+        return device or ("cuda" if self.trainer_gpus is not None else "cpu")
+
+    @property
+    def trainer_on_cuda(self) -> bool:
+        return self.trainer_device.startswith("cuda")
+
+    def reference_env(self) -> dict[str, str]:
+        """CUDA_VISIBLE_DEVICES of the reference service: its reference_gpus."""
+        return {} if self.reference_gpus is None else {"CUDA_VISIBLE_DEVICES": _gpu_list(self.reference_gpus)}
 
     def trainer_env(self, node: int = 0) -> dict[str, str]:
         """CUDA_VISIBLE_DEVICES of trainer node `node`: its trainer_procs GPUs of trainer_gpus."""

@@ -4,10 +4,12 @@ Every torch process uses all cores by default. Two compute-bound processes that 
 training step k while an hf replica samples step k+1, which is the point of asynchronous training) then thrash:
 on a 2-core machine one async run measured the trainer's forward/backward 9x slower than alone. So unless the
 user set OMP_NUM_THREADS, each compute process gets its share through OMP_NUM_THREADS: half the cores to the
-trainer (split across its ranks), the other half to the hf replicas and the reference, at least one each; the
-controller and gateways (I/O-bound) get one. vLLM replicas bind their own threads and are left alone.
+trainer (split across its ranks), the other half to the hf replicas and a reference service, at least one each;
+the controller and gateways (I/O-bound) get one. vLLM replicas bind their own threads and are left alone. A
+reference colocated in the trainer (reference_placement = "trainer", the default) is no sharer: its forward runs
+in the trainer's own micro-batches, on the trainer's threads, so `reference` is True only for a reference service.
 
-A strictly on-policy run (O = 0) without a reference model never trains while a replica samples: the replicas
+A strictly on-policy run (O = 0) without a reference service never trains while a replica samples: the replicas
 sample a step's rollouts, then the trainer trains on them, then the next rollouts start from the new weights. Its
 trainer gets every core (`on_policy`); the replicas keep their share, since they sample while the gateways and
 the controller work.
@@ -41,8 +43,8 @@ def available_cpus() -> int:
 def plan_threads(
     cpus: int, *, trainer_procs: int, hf_replicas: int, reference: bool, on_policy: bool = False
 ) -> ThreadPlan:
-    """Each compute process's OMP_NUM_THREADS for `cpus` cores (`on_policy`: O = 0, so training and sampling
-    take turns)."""
+    """Each compute process's OMP_NUM_THREADS for `cpus` cores (`reference`: a reference service runs; `on_policy`:
+    O = 0, so training and sampling take turns)."""
     if cpus < 1 or trainer_procs < 1 or hf_replicas < 0:
         raise ValueError(f"bad layout: cpus={cpus}, trainer_procs={trainer_procs}, hf_replicas={hf_replicas}")
     sharers = hf_replicas + int(reference)

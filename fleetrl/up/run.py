@@ -1,5 +1,6 @@
-"""`fleetrl up run.toml`: start controller, inference replicas, reference (kl_beta > 0 without LoRA), trainer and
-gateways as local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
+"""`fleetrl up run.toml`: start controller, inference replicas, trainer, gateways (and a reference service with
+reference_placement = "service", kl_beta > 0 without LoRA; by default the reference is colocated in the trainer) as
+local processes on loopback (free ports), show progress, and stop everything cleanly at the end.
 
     fleetrl up examples/arithmetic/run.toml [--set key=value ...] [--resume [--restart-weights] | --overwrite]
 
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetrl.config import Config, ConfigError, check_warm_start_adapter
-from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
+from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_CONTROLLER_LOST, EXIT_USER_CODE
 from fleetrl.model_path import ModelNotFoundError, adapter_instead_of_model, check_model_path
 from fleetrl.trackers import TrackerError, check_trackers_available
 from fleetrl.up.auth import run_auth_token
@@ -164,6 +165,9 @@ def launch(
                 up.gateways,
                 evaluation,
             )
+        if up.controller_address is not None and (reason := attach_refusal(up.controller_address, token)):
+            print(f"fleetrl up: {reason}", file=sys.stderr)
+            return 1
         if up.controller_address is None:
             with Startup(stack_size(run, up)) as startup:
                 controller = _start_stack(sup, common, run, up, resume, controller_flags, threads, startup)
@@ -201,6 +205,37 @@ def launch(
             print(f"fleetrl up: stopped; `fleetrl up {config_path} --resume` continues the run", file=sys.stderr)
 
 
+def attach_refusal(address: str, token: str | None, wait_s: float = 10.0) -> str | None:
+    """Why gateways cannot join the run at `address` (None: a running run answers there): its controller says the
+    run is over, or nothing answers within `wait_s` (a finished run's controller has exited). Said at once, rather
+    than after a gateway waited `controller_lost_s` for a controller that is gone."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import grpc
+
+    from fleetrl.up.status import fetch_status
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            with ThreadPoolExecutor(1) as pool:  # its own event loop: the caller may be inside one (a notebook)
+                status = pool.submit(asyncio.run, fetch_status(address, 5.0, token)).result()
+        except grpc.RpcError as exc:
+            code = exc.code()  # type: ignore[attr-defined]
+            transient = code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            if transient and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
+            if transient:
+                return f"no run answers at {address} within {wait_s:.0f} s ({code.name}): it finished, or is gone"
+            return f"the controller at {address} refused to answer: {code.name}: {exc.details()}"  # type: ignore[attr-defined]
+        if status.get("finished"):
+            how = f"ended: {status['error']}" if status.get("error") else "finished"
+            return f"the run at {address} has {how} (step {status.get('trained_steps', 0)}): nothing to join"
+        return None
+
+
 def _start_gateway_processes(sup: Supervisor, argv: list[str], count: int, evaluation: str | None) -> list[Child]:
     gateways = []
     for i in range(count):
@@ -230,13 +265,33 @@ def _address(info: dict[str, Any]) -> str:
 
 
 def needs_reference(run: Config) -> bool:
-    """The reference service runs for kl_beta > 0 with full fine-tuning; a LoRA trainer disables its adapter instead."""
+    """A KL reference is needed for kl_beta > 0 with full fine-tuning; a LoRA trainer disables its adapter instead."""
     return run.kl_beta > 0 and not run.lora
 
 
+def reference_service(run: Config, up: UpConfig) -> bool:
+    """The reference runs as its own process (reference_placement = "service"); by default it is a frozen copy in
+    the trainer's ranks (`--reference local`) and no process starts."""
+    return needs_reference(run) and up.reference_placement == "service"
+
+
+def reference_dtype(run: Config, up: UpConfig) -> str:
+    """The trainer's compute dtype, which a reference service runs in (the KL is of like with like): compute_dtype,
+    where "auto" is bfloat16 on CUDA and the weight dtype elsewhere (fleetrl.trainer.inner_loop's rule)."""
+    if run.compute_dtype != "auto":
+        return run.compute_dtype
+    return "bfloat16" if up.trainer_on_cuda else run.dtype
+
+
+def reference_service_args(run: Config, up: UpConfig) -> list[str]:
+    """A reference service's device and dtype: the trainer's (cuda on its reference_gpus, else the trainer's CPU)."""
+    device = "cuda" if up.reference_gpus is not None else up.trainer_device
+    return ["--device", device, "--dtype", reference_dtype(run, up)]
+
+
 def stack_size(run: Config, up: UpConfig) -> int:
-    """Services `fleetrl up` waits for before gateways start: replicas, reference (kl_beta > 0), trainer, controller."""
-    return up.replicas + (1 if run.kl_beta > 0 else 0) + 2
+    """Services `fleetrl up` waits for before gateways start: replicas, a reference service, trainer, controller."""
+    return up.replicas + int(reference_service(run, up)) + 2
 
 
 def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
@@ -247,7 +302,7 @@ def _thread_plan(run: Config, up: UpConfig) -> ThreadPlan | None:
         available_cpus(),
         trainer_procs=up.trainer_ranks,
         hf_replicas=hf_replicas,
-        reference=needs_reference(run),
+        reference=reference_service(run, up),  # a colocated reference computes inside the trainer's share
         on_policy=run.max_head_offpolicy_versions == 0,
     )
 
@@ -283,10 +338,12 @@ def _start_stack(
             args += ["--tensor-parallel-size", str(up.inference_tensor_parallel_size)]
         replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=env))
     reference_args: list[str] = []
-    if needs_reference(run):
-        ref_args = [*model, *_pick_ports("grpc", "metrics")]
-        reference = sup.start("reference", "reference", ref_args, env=share("reference"))
+    if reference_service(run, up):
+        ref_args = [*model, *_pick_ports("grpc", "metrics"), *reference_service_args(run, up)]
+        reference = sup.start("reference", "reference", ref_args, env={**share("reference"), **up.reference_env()})
         reference_args = ["--reference", _address(wait(reference))]
+    elif needs_reference(run):  # a frozen copy in the trainer's ranks, on its device and compute dtype
+        reference_args = ["--reference", "local"]
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
     if up.trainer_gpus is not None and "--device" not in up.trainer_args:
         trainer_args += ["--device", "cuda"]
@@ -364,6 +421,12 @@ def _watch(
                 if code == EXIT_CIRCUIT_OPEN:
                     raise ServiceFailed(
                         child, f"{child.name}: circuit breaker open (the rollout function keeps failing)"
+                    )
+                if code == EXIT_CONTROLLER_LOST and controller is None:  # attached: that run is over or gone
+                    raise ServiceFailed(
+                        child,
+                        f"{child.name}: the run's controller at {up.controller_address} stopped answering (the run "
+                        "finished, stopped or failed, and no controller resumed it)",
                     )
                 if code == EXIT_USER_CODE:  # deterministic: a restart would fail the same way
                     raise ServiceFailed(
