@@ -62,14 +62,37 @@ class InferenceConfig(BaseModel):
         "None = $FLEETRL_AUTH_TOKEN (unset = no auth). Prefer the env var to a file.",
     )
     max_message_mb: int = Field(256, ge=1, description="gRPC message size limit in MiB.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weight/compute dtype of the engine (float32 for exact logprobs)."
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="Weight/compute dtype the replica serves (and so the dtype weight versions must travel in); "
+        "None = bfloat16 on a GPU (vLLM), float32 on CPU and on the hf engine (exact logprobs).",
     )
     seed: int = Field(0, ge=0, description="Engine seed (for requests that carry none).")
-    max_num_seqs: int = Field(64, ge=1, description="Sequences decoded together at most.")
-    max_model_len: int | None = Field(None, ge=1, description="Prompt + completion length limit; None = the model's.")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Sequences decoded together at most; None = the engine's default (hf 64, vLLM's own)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, description="Prompt + completion length limit; None = the model's own context length."
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM tensor parallel GPUs.")
-    kv_cache_gib: float = Field(1.0, gt=0, description="vLLM KV cache size on CPU (GiB).")
+    kv_cache_gib: float | None = Field(
+        None,
+        gt=0,
+        description="vLLM KV cache size per rank in GiB (kv_cache_memory_bytes), on any device; None = on GPU sized "
+        "from gpu_memory_utilization, on CPU $VLLM_CPU_KVCACHE_SPACE GiB if set, else 1 GiB.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="vLLM on GPU: the share of GPU memory the replica may use (weights, activations, then the KV "
+        "cache gets the rest); None = 0.9. Ignored when kv_cache_gib is set (vLLM then reserves exactly that).",
+    )
+    enforce_eager: bool | None = Field(
+        None,
+        description="vLLM: run eagerly (no torch.compile, no CUDA graphs); None = eager on CPU (fast start), CUDA "
+        "graphs on GPU (throughput).",
+    )
     default_max_tokens: int = Field(
         16, ge=1, description="OpenAI /v1/completions max_tokens when the request has none."
     )

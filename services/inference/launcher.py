@@ -4,7 +4,9 @@
         --metrics-port 9400 [--config inference.toml] [--host 127.0.0.1] [--no-http] [--no-metrics] \\
         [--relay-port 0 | --no-relay] [--relay-timeout-s 30] \\
         [--controller HOST:PORT [--member-id ID]] [--max-lora-rank R] \\
-        [--tool-call-parser hermes|none|...] [--no-auto-tool-choice]
+        [--tool-call-parser hermes|none|...] [--no-auto-tool-choice] \\
+        [--dtype D] [--max-model-len N] [--max-num-seqs N] [--kv-cache-gib G | --gpu-memory-utilization F] \\
+        [--enforce-eager | --no-enforce-eager]
 
 With --controller the replica joins that run once serving: it registers, heartbeats, and the controller brings it
 to the run's current version before routing rollouts to it.
@@ -56,7 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-num-seqs", type=int, help="sequences decoded together at most")
     parser.add_argument("--max-model-len", type=int, help="prompt + completion length limit")
     parser.add_argument("--tensor-parallel-size", type=int, help="vLLM tensor parallelism")
-    parser.add_argument("--kv-cache-gib", type=float, help="vLLM CPU KV cache size (GiB)")
+    parser.add_argument(
+        "--kv-cache-gib", type=float, help="vLLM KV cache size per rank (GiB); default: from the GPU share, 1 on CPU"
+    )
+    parser.add_argument(
+        "--gpu-memory-utilization", type=float, help="vLLM on GPU: share of GPU memory to use (default 0.9)"
+    )
+    parser.add_argument(
+        "--enforce-eager",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="vLLM: no torch.compile / CUDA graphs (default: eager on CPU, CUDA graphs on GPU)",
+    )
     parser.add_argument("--seed", type=int, help="engine seed")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     parser.add_argument("--ready-file", help="write the bound ports here as JSON once serving")
@@ -89,6 +102,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "max_model_len": args.max_model_len,
         "tensor_parallel_size": args.tensor_parallel_size,
         "kv_cache_gib": args.kv_cache_gib,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enforce_eager": args.enforce_eager,
         "seed": args.seed,
         "log_level": args.log_level,
         "ready_file": args.ready_file,

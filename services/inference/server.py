@@ -195,23 +195,27 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
 
         return HFEngine(
             config.model,
-            max_num_seqs=config.max_num_seqs,
-            dtype=config.dtype,
+            max_num_seqs=config.max_num_seqs or 64,
+            dtype=config.dtype or "float32",
             seed=config.seed,
             request_timeout_s=config.request_timeout_s,
             max_lora_rank=config.max_lora_rank,
         )
     from fleetrl.services.inference.vllm_engine import VLLMEngine
 
-    kwargs = {} if config.max_model_len is None else {"max_model_len": config.max_model_len}
+    # Settings left None take the device's default when the engine starts (replica_settings.py).
     return VLLMEngine(
         config.model,
         tensor_parallel_size=config.tensor_parallel_size,
         dtype=config.dtype,
         seed=config.seed,
+        max_model_len=config.max_model_len,
         kv_cache_gib=config.kv_cache_gib,
+        gpu_memory_utilization=config.gpu_memory_utilization,
+        enforce_eager=config.enforce_eager,
+        max_num_seqs=config.max_num_seqs,
+        request_timeout_s=config.request_timeout_s,
         max_lora_rank=config.max_lora_rank,
-        **kwargs,
     )
 
 

@@ -57,6 +57,14 @@ from fleetrl.services.inference.engine import (
     SamplingRequest,
     WeightLoadError,
 )
+from fleetrl.services.inference.replica_settings import (
+    DTYPE_BYTES,
+    EngineSettings,
+    KVShape,
+    check_kv_fits,
+    checkpoint_parameters,
+    engine_settings,
+)
 from fleetrl.services.inference.vllm_adapters import Adapter, AdapterBook
 from fleetrl.services.inference.vllm_cpu_binds import THREADS_BIND_ENV, cpu_thread_binds
 from fleetrl.services.inference.vllm_worker import (
@@ -99,37 +107,42 @@ class VLLMEngine(InferenceEngine):
         model_path: str,
         *,
         tensor_parallel_size: int = 1,
-        dtype: str = "float32",
-        max_model_len: int | None = 1024,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
         seed: int = 0,
-        kv_cache_gib: float | None = 1.0,
-        enforce_eager: bool = True,
+        kv_cache_gib: float | None = None,
+        enforce_eager: bool | None = None,
         max_num_seqs: int | None = None,
         gpu_memory_utilization: float | None = None,
         request_timeout_s: float = 600.0,
         max_lora_rank: int = 0,
         weight_update: str = "transfer_api",
     ) -> None:
-        """max_model_len None: the model's own limit. kv_cache_gib: KV cache size (vLLM's kv_cache_memory_bytes;
-        on CPU it must be set, or vLLM wants 92 % of RAM); None leaves the size to vLLM (on GPU:
-        gpu_memory_utilization). max_num_seqs None: vLLM's default. enforce_eager: no torch.compile / CUDA
-        graphs (fast start; turn off on GPU for throughput). max_lora_rank: the largest LoRA adapter rank
-        served (0 = LoRA off: full-weight versions only)."""
+        """Settings left None take the device's default at start (replica_settings.py): dtype bfloat16 on GPU,
+        float32 on CPU; the KV cache sized from gpu_memory_utilization (0.9) on GPU, VLLM_CPU_KVCACHE_SPACE or
+        1 GiB on CPU (kv_cache_gib: that many GiB per rank on either, vLLM's kv_cache_memory_bytes);
+        enforce_eager (no torch.compile / CUDA graphs) on CPU only. max_model_len None: the model's own limit.
+        max_num_seqs None: vLLM's default. max_lora_rank: the largest LoRA adapter rank served (0 = LoRA off:
+        full-weight versions only)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if max_model_len is not None and max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2 or None, got {max_model_len}")
         if max_num_seqs is not None and max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1 or None, got {max_num_seqs}")
-        if kv_cache_gib is not None and not kv_cache_gib > 0:
-            raise ValueError(f"kv_cache_gib must be positive or None, got {kv_cache_gib}")
+        engine_settings(  # fails now, naming the setting, for a value no device accepts
+            on_gpu=False,
+            dtype=dtype,
+            kv_cache_gib=kv_cache_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
         if max_lora_rank:
             vllm_lora_rank(max_lora_rank)  # fails now for a rank vLLM cannot serve
         self.model_path = str(model_path)
         self.loaded_version = 0
         self.loaded_checksum = ""
         self._tp = tensor_parallel_size
-        self._dtype = dtype
+        self._dtype = dtype  # None until start() resolves it for the device
         self._max_model_len = max_model_len
         self._seed = seed
         self._kv_cache_gib = kv_cache_gib
@@ -157,19 +170,36 @@ class VLLMEngine(InferenceEngine):
         self._started_at = time.monotonic()
 
     # ----- lifecycle -----
-    def engine_args(self) -> Any:
+    def settings(self, on_gpu: bool | None = None) -> EngineSettings:
+        """This engine's settings on the device vLLM runs on, or on a GPU (`on_gpu` True) or a CPU (False), those
+        left None resolved (replica_settings.py)."""
+        if on_gpu is None:
+            from vllm.platforms import current_platform
+
+            on_gpu = current_platform.is_cuda_alike()
+        return engine_settings(
+            on_gpu=on_gpu,
+            dtype=self._dtype,
+            enforce_eager=self._enforce_eager,
+            kv_cache_gib=self._kv_cache_gib,
+            gpu_memory_utilization=self._gpu_memory_utilization,
+            environ=dict(os.environ),
+        )
+
+    def engine_args(self, settings: EngineSettings | None = None) -> Any:
         """The vllm AsyncEngineArgs this engine starts with."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
+        settings = settings or self.settings()
         kwargs: dict[str, Any] = {}
-        if self._kv_cache_gib is not None:
-            kwargs["kv_cache_memory_bytes"] = int(self._kv_cache_gib * _GIB)
+        if settings.kv_cache_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = settings.kv_cache_bytes
+        if settings.gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = settings.gpu_memory_utilization
         if self._max_model_len is not None:
             kwargs["max_model_len"] = self._max_model_len
         if self._max_num_seqs is not None:
             kwargs["max_num_seqs"] = self._max_num_seqs
-        if self._gpu_memory_utilization is not None:
-            kwargs["gpu_memory_utilization"] = self._gpu_memory_utilization
         if self._max_lora_rank:
             kwargs.update(
                 enable_lora=True,
@@ -184,10 +214,10 @@ class VLLMEngine(InferenceEngine):
         return AsyncEngineArgs(
             model=self.model_path,
             tokenizer=self.model_path,
-            dtype=self._dtype,
+            dtype=settings.dtype,
             seed=self._seed,
             tensor_parallel_size=self._tp,
-            enforce_eager=self._enforce_eager,
+            enforce_eager=settings.enforce_eager,
             # The logprob of the distribution actually sampled from (after temperature/top-k/top-p).
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
@@ -202,7 +232,10 @@ class VLLMEngine(InferenceEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         check_model_path(self.model_path)
-        args = self.engine_args()
+        settings = self.settings()
+        self._dtype = settings.dtype
+        args = self.engine_args(settings)
+        self._check_kv_fits(args, settings)
         # Engine start takes tens of seconds (it spawns the engine core and worker processes); keep the event
         # loop responsive meanwhile.
         with self._engine_environment():
@@ -215,11 +248,49 @@ class VLLMEngine(InferenceEngine):
         await self._llm.update_weight_version(str(self.loaded_version))
         self._started_at = time.monotonic()
         logger.info(
-            "vLLM engine started: %s (dtype %s, tp %d, max_model_len %s)",
+            "vLLM engine started: %s (dtype %s, tp %d, max_model_len %s, max_num_seqs %s, KV cache %s, %s)",
             self.model_path,
             self._dtype,
             self._tp,
             self._max_model_len,
+            self._llm.vllm_config.scheduler_config.max_num_seqs,
+            f"{settings.kv_cache_bytes / _GIB:g} GiB per rank ({settings.kv_cache_setting})"
+            if settings.kv_cache_bytes is not None
+            else f"gpu_memory_utilization {settings.gpu_memory_utilization:g}",
+            "eager" if settings.enforce_eager else "CUDA graphs / compiled",
+        )
+
+    def _check_kv_fits(self, args: Any, settings: EngineSettings) -> None:
+        """Refuse to start (ReplicaSettingsError naming the setting to change) when one rank's KV cache cannot hold
+        one sequence of max_model_len tokens: vLLM would refuse too, but only after loading the model and in its
+        engine-core process's log. Models whose KV is not plain full attention (MLA, sliding windows, hybrids)
+        are left to vLLM's own check."""
+        from vllm.config import ParallelConfig
+
+        model_config = args.create_model_config()
+        if model_config.use_mla or model_config.is_hybrid or model_config.is_attention_free:
+            return
+        if model_config.get_sliding_window() is not None:
+            return
+        parallel = ParallelConfig(tensor_parallel_size=self._tp)
+        shape = KVShape(
+            layers=model_config.get_num_layers(parallel),
+            kv_heads=model_config.get_num_kv_heads(parallel),
+            head_dim=model_config.get_head_size(),
+        )
+        device_bytes, weight_bytes = None, 0
+        if settings.kv_cache_bytes is None:  # sized from gpu_memory_utilization
+            from vllm.platforms import current_platform
+
+            device_bytes = current_platform.get_device_total_memory()
+            weight_bytes = checkpoint_parameters(self.model_path) * DTYPE_BYTES[settings.dtype] // self._tp
+        check_kv_fits(
+            shape,
+            max_model_len=int(model_config.max_model_len),
+            dtype=settings.dtype,
+            settings=settings,
+            device_bytes=device_bytes,
+            weight_bytes=weight_bytes,
         )
 
     @contextlib.contextmanager

@@ -29,6 +29,17 @@ def test_defaults() -> None:
     assert (config.grpc_port, config.http_port, config.metrics_port) == (50051, 8000, 9400)
 
 
+def test_replica_settings_default_to_the_device_and_pass_from_flags() -> None:
+    config = InferenceConfig(model="/m")  # None: the device decides when the engine starts (replica_settings.py)
+    assert (config.dtype, config.kv_cache_gib, config.gpu_memory_utilization) == (None, None, None)
+    assert (config.enforce_eager, config.max_num_seqs, config.max_model_len) == (None, None, None)
+    flags = ["--model", "/m", "--kv-cache-gib", "2.5", "--gpu-memory-utilization", "0.8", "--no-enforce-eager"]
+    config = config_from_args(build_parser().parse_args([*flags, "--max-num-seqs", "32", "--max-model-len", "4096"]))
+    assert (config.kv_cache_gib, config.gpu_memory_utilization, config.enforce_eager) == (2.5, 0.8, False)
+    assert (config.max_num_seqs, config.max_model_len) == (32, 4096)
+    assert config_from_args(build_parser().parse_args(["--model", "/m", "--enforce-eager"])).enforce_eager is True
+
+
 @pytest.mark.parametrize(
     ("data", "field"),
     [
@@ -36,6 +47,8 @@ def test_defaults() -> None:
         ({"model": "/m", "grpc_port": 70000}, "grpc_port"),
         ({"model": "/m", "grpc_port": 9000, "http_port": 9000}, "ports must differ"),
         ({"model": "/m", "max_num_seqs": 0}, "max_num_seqs"),
+        ({"model": "/m", "kv_cache_gib": 0}, "kv_cache_gib"),
+        ({"model": "/m", "gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"model": "/m", "colour": "red"}, "colour"),
         ({}, "model"),
     ],
