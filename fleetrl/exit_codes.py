@@ -8,3 +8,7 @@ EXIT_CIRCUIT_OPEN = 3
 
 EXIT_USER_CODE = 4
 """A gateway could not import or build the user's code (rollout factory, evaluation hook, dynamic filter)."""
+
+EXIT_CONTROLLER_LOST = 5
+"""A gateway's controller did not answer for `controller_lost_s`: the run finished or stopped and no controller
+resumed it, or the address never held a run. A restart would meet the same silence."""

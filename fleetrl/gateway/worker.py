@@ -32,7 +32,7 @@ from typing import Any
 
 import grpc
 
-from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_USER_CODE
+from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_CONTROLLER_LOST, EXIT_USER_CODE
 from fleetrl.gateway.assembly import assemble_group
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.config import GatewayConfig
@@ -61,6 +61,11 @@ def latency_quantiles(values: Sequence[float], quantiles: Sequence[float]) -> li
     if not ordered:
         return [float("nan")] * len(quantiles)
     return [ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in quantiles]
+
+
+CONTROLLER_GONE_CODES = (*RETRYABLE_CODES, grpc.StatusCode.CANCELLED)
+"""A controller call that failed with one of these is made again (until `controller_lost_s`): the transient codes,
+and CANCELLED, which a call in flight (a held LeaseRows) gets when the controller's server stops under it."""
 
 
 class ControllerLost(RuntimeError):
@@ -104,6 +109,7 @@ class Gateway:
         self._last_contact = time.monotonic()
         self.heartbeat_interval_s = 2.0
         self.report_retry_s = 0.2  # the first pause before a report the controller did not answer is sent again
+        self._waiting_for_resume = False  # the controller said run_stopped: wait for a resumed one (_stopped)
         self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
         self.row_latencies_s: deque[float] = deque(maxlen=100_000)
         self._group_fn = False  # the rollout function is a group rollout (fleetrl.rollout.group_rollout)
@@ -116,9 +122,10 @@ class Gateway:
         try:
             reply = await method(request, timeout=self.config.rpc_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in RETRYABLE_CODES and time.monotonic() - self._last_contact < self.config.controller_lost_s:
+            gone = exc.code() in CONTROLLER_GONE_CODES
+            if gone and time.monotonic() - self._last_contact < self.config.controller_lost_s:
                 return None
-            if exc.code() in RETRYABLE_CODES:
+            if gone:
                 raise ControllerLost(
                     f"controller {self.controller_address} unreachable for {self.config.controller_lost_s:.0f} s"
                 ) from None
@@ -181,6 +188,8 @@ class Gateway:
                 if heartbeat is not None:
                     if heartbeat.run_finished:  # the controller counts this reply as telling us, as a lease reply
                         return self._finished(tasks)
+                    if self._stopped(heartbeat, tasks):
+                        continue
                     self._maybe_evaluate(heartbeat.evaluate_version, tasks)
                 want = max(self.config.rows_in_flight - len(tasks), 0)
                 reply = None
@@ -200,6 +209,9 @@ class Gateway:
                     t_lease = time.monotonic()
                     reply = await self._call(self.stub.LeaseRows, request)
                     lease_s = time.monotonic() - t_lease
+                if reply is not None and self._stopped(reply, tasks):
+                    await asyncio.sleep(_idle_pause(reply))
+                    continue
                 if reply is not None:
                     self.sampler.set_replicas([r.address for r in reply.replicas])
                     self._maybe_evaluate(reply.evaluate_version, tasks)
@@ -224,6 +236,10 @@ class Gateway:
         except CircuitOpenError as exc:
             log.error("gateway %s stopped: %s", self.gateway_id, exc)
             return EXIT_CIRCUIT_OPEN
+        except ControllerLost as exc:
+            what = "stopped the run and none resumed it" if self._waiting_for_resume else "is gone"
+            log.error("gateway %s stopped: %s (the controller %s)", self.gateway_id, exc, what)
+            return EXIT_CONTROLLER_LOST
         except RolloutReturnTypeError as exc:
             log.error("gateway %s stopped: %s", self.gateway_id, exc)
             return EXIT_USER_CODE
@@ -235,6 +251,31 @@ class Gateway:
             if self._sender is not None:
                 self._sender.close()
             await channel.close()
+
+    def _stopped(self, reply: Any, tasks: set[asyncio.Task[None]]) -> bool:
+        """Whether `reply` says the controller stops without finishing the run (a signal, a failure). Then the
+        rows in flight are dropped (a resumed controller leases them again from its journal) and the gateway waits,
+        up to `controller_lost_s` after that reply, for a controller that answers without saying so (ControllerLost
+        then), instead of exiting 0 as for a finished run."""
+        if not reply.run_stopped:
+            if self._waiting_for_resume:
+                log.info("gateway %s: a controller answers and the run goes on", self.gateway_id)
+                self._waiting_for_resume = False
+            return False
+        if not self._waiting_for_resume:
+            self._waiting_for_resume = True
+            _reap(tasks)
+            for task in tasks:
+                task.cancel()
+            self._eval_started.clear()  # a resumed controller asks again for what was not evaluated
+            log.warning(
+                "gateway %s: the controller stopped the run without finishing it (signal or failure); dropped %d rows "
+                "in flight, waiting up to %.0f s (controller_lost_s) for a resumed controller",
+                self.gateway_id,
+                len(tasks),
+                self.config.controller_lost_s,
+            )
+        return True
 
     def _finished(self, tasks: set[asyncio.Task[None]]) -> int:
         """A reply (lease or heartbeat) said the run finished: exit 0 now. Nothing a task still running could
@@ -511,7 +552,8 @@ def _reap(tasks: set[asyncio.Task[None]]) -> None:
     """Drop the finished tasks, raising what one raised (CircuitOpenError, a bug)."""
     for task in [t for t in tasks if t.done()]:
         tasks.discard(task)
-        task.result()
+        if not task.cancelled():  # cancelled: dropped when the controller stopped the run
+            task.result()
 
 
 def _idle_pause(reply: Any) -> float:

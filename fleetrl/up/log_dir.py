@@ -29,6 +29,7 @@ RUN_FILES = (
     f"{JOURNAL}-wal",
     f"{JOURNAL}-shm",
     "curves.png",
+    "run_end.json",  # how the run ended (services/controller/server.py)
     # The trackers' files (fleetrl.trackers): a new run must not continue the old run's W&B or MLflow run.
     "samples.jsonl",
     "config.json",

@@ -6,6 +6,10 @@
 
 With no run found and no address, the local default controller 127.0.0.1:50050 is asked (in its container).
 
+A run whose controller is gone is described from its folder (`run_end.json`, written by the controller as it
+stops): finished (exit 0), stopped or failed (exit 1), at which step and version, the final evaluation and where
+the final model is.
+
 The version shown is the trainer's own (it may be ahead of the controller's live version while a weight push is in
 flight); --json prints both replies with numbers as numbers.
 """
@@ -122,6 +126,37 @@ def render(status: dict[str, Any], trainer: dict[str, Any] | None, trainer_error
     return "\n".join(lines)
 
 
+RUN_END = "run_end.json"  # services/controller/server.py writes it as the controller stops
+
+
+def read_end_record(log_path: Path) -> dict[str, Any] | None:
+    """How the run in `log_path` ended (its controller's `run_end.json`), or None (running, or never recorded)."""
+    try:
+        record = json.loads((log_path / RUN_END).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def render_ended(record: dict[str, Any], log_path: Path) -> str:
+    """The text `fleetrl status` prints for a run whose controller is gone."""
+    outcome = record.get("outcome", "?")
+    lines = [
+        f"run in {log_path}: {outcome} at step {record.get('trained_steps', 0)}, version {record.get('version', 0)}"
+        " (its services have exited)"
+    ]
+    if record.get("error"):
+        lines.append(f"error: {record['error']}")
+    final_eval = record.get("final_eval")
+    if final_eval:
+        lines.append("final evaluation: " + ", ".join(f"{k} {v:g}" for k, v in sorted(final_eval.items())))
+    if record.get("final_model"):
+        lines.append(f"final model: {record['final_model']}")
+    if outcome != "finished":
+        lines.append("`fleetrl up <run.toml> --resume` continues it")
+    return "\n".join(lines)
+
+
 def _resolve(args: argparse.Namespace) -> tuple[str, Path | None, str]:
     """(controller address, the run's log folder or None, how it was found); LookupError for a --log-path without
     a run. With nothing given and no run here, the local default controller (a container's own)."""
@@ -167,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = asyncio.run(fetch_status(address, auth_token=token))
     except grpc.aio.AioRpcError as exc:
+        ended = read_end_record(log_path) if log_path is not None and not args.address else None
+        if ended is not None and exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            if args.json:
+                print(json.dumps({**ended, "log_path": str(log_path)}, indent=2))
+            else:
+                print(render_ended(ended, log_path))
+            return 0 if ended.get("outcome") == "finished" else 1
         hint = "; give --log-path LOG_PATH or HOST:PORT" if searched else ""
         print(
             f"fleetrl status: {searched}controller at {address}: {exc.code().name}: {exc.details()}{hint}",

@@ -56,14 +56,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("known", "run_finished", "evaluate_version")
+    __slots__ = ("known", "run_finished", "evaluate_version", "run_stopped")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
     RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
     EVALUATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STOPPED_FIELD_NUMBER: _ClassVar[int]
     known: bool
     run_finished: bool
     evaluate_version: int
-    def __init__(self, known: _Optional[bool] = ..., run_finished: _Optional[bool] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
+    run_stopped: bool
+    def __init__(self, known: _Optional[bool] = ..., run_finished: _Optional[bool] = ..., evaluate_version: _Optional[int] = ..., run_stopped: _Optional[bool] = ...) -> None: ...
 
 class LeaseRowsRequest(_message.Message):
     __slots__ = ("gateway_id", "max_rows", "wait_s", "max_leased")
@@ -104,7 +106,7 @@ class Replica(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., address: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class LeaseRowsResponse(_message.Message):
-    __slots__ = ("rows", "run_finished", "retry_after_s", "replicas", "groups_address", "version", "evaluate_version")
+    __slots__ = ("rows", "run_finished", "retry_after_s", "replicas", "groups_address", "version", "evaluate_version", "run_stopped")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +114,7 @@ class LeaseRowsResponse(_message.Message):
     GROUPS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EVALUATE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RUN_STOPPED_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[LeasedRow]
     run_finished: bool
     retry_after_s: float
@@ -119,7 +122,8 @@ class LeaseRowsResponse(_message.Message):
     groups_address: str
     version: int
     evaluate_version: int
-    def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ...) -> None: ...
+    run_stopped: bool
+    def __init__(self, rows: _Optional[_Iterable[_Union[LeasedRow, _Mapping]]] = ..., run_finished: _Optional[bool] = ..., retry_after_s: _Optional[float] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., groups_address: _Optional[str] = ..., version: _Optional[int] = ..., evaluate_version: _Optional[int] = ..., run_stopped: _Optional[bool] = ...) -> None: ...
 
 class RowReport(_message.Message):
     __slots__ = ("row_id", "outcome", "min_version", "reason", "samples_dropped", "samples", "attempt", "rewards", "phase_s")

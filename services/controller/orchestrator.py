@@ -91,7 +91,9 @@ class Orchestrator:
         self._loading: dict[str, tuple[Member, asyncio.Task[None]]] = {}
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
         self.lease_signal = LeaseSignal()  # wakes held LeaseRows calls (fleetrl.controller.lease_signal)
-        self.finished = False
+        self.finished = False  # this controller's run loop has ended, for whatever reason: no more rows
+        self.completed = False  # ... because the run is over (trained, exported): gateways exit 0 (run_finished)
+        self.export_path = ""  # where the trainer exported the final model (once finished)
         self.error = ""
         self.last_metrics: dict[str, float] = {}
         self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
@@ -321,6 +323,7 @@ class Orchestrator:
             if self.evaluation:
                 await self.evaluate(self.scheduler.gate.version, wait=True)
             await self.finish()
+            self.completed = True
         except RunStopped as exc:
             self.error = str(exc)
             log.warning("run %s", self.error)
@@ -568,6 +571,7 @@ class Orchestrator:
             )
         except grpc.aio.AioRpcError as exc:
             raise RunFailed(f"trainer failed to finish: {exc.code().name}: {exc.details()}") from None
+        self.export_path = reply.export_path
         log.info("run finished at version %d; final model exported to %s", reply.version, reply.export_path)
 
     # --- evaluation ----------------------------------------------------------------------------
@@ -613,8 +617,31 @@ class Orchestrator:
         self.wakeup.set()
         self.lease_signal.notify()  # a failed row goes back to the queue
 
+    @property
+    def stopped(self) -> bool:
+        """This controller ended without finishing the run (a signal, a failure): a reply says `run_stopped`, not
+        `run_finished`, and a gateway waits for a resumed controller instead of exiting 0."""
+        return self.finished and not self.completed
+
+    def end_record(self) -> dict[str, Any]:
+        """How this controller's run ended, for `<log_path>/run_end.json` (read by `fleetrl status` once the
+        controller is gone): finished, stopped (a signal) or failed, at which step and version, why, the final
+        evaluation and where the final model is."""
+        version = self.scheduler.gate.version
+        outcome = "finished" if self.completed else "stopped" if self.stop_requested else "failed"
+        return {
+            "outcome": outcome,
+            "error": self.error,
+            "trained_steps": self.scheduler.trained_steps,
+            "version": version,
+            "final_model": self.export_path or None,
+            "final_eval": self.evaluated.get(version),
+            "time": time.time(),
+        }
+
     def told_if_finished(self, member_id: str) -> None:
-        """A reply to `member_id` is about to say whether the run finished: remember those told it has."""
+        """A reply to `member_id` is about to say whether the run ended (finished or stopped): remember those told
+        it has."""
         if self.finished:
             self.told_finished.add(member_id)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -30,6 +31,8 @@ from fleetrl.trackers import make_trackers
 from fleetrl.v1 import controller_pb2_grpc
 
 log = logging.getLogger(__name__)
+RUN_END = "run_end.json"
+"""In log_path, written when the controller stops: how the run ended (`Orchestrator.end_record`)."""
 
 
 @dataclass
@@ -84,6 +87,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         journal_path.unlink()  # a fresh run starts a fresh ledger
         for suffix in ("-wal", "-shm"):
             Path(str(journal_path) + suffix).unlink(missing_ok=True)
+    (log_path / RUN_END).unlink(missing_ok=True)  # a live run has none: `fleetrl status` asks the controller
     journal = Journal(journal_path)
     scheduler = build_scheduler(config, journal)
     members = MemberRegistry(config.heartbeat_timeout_s)
@@ -182,6 +186,8 @@ class ControllerService(Service):
         await ctl.orchestrator.wait_gateways_told(self.config.heartbeat_interval_s + 1.0)
         await ctl.server.stop(grace=2.0)
         await ctl.orchestrator.close()
+        if ctl.orchestrator.finished:  # the run loop ran and ended (not a stop before it started)
+            write_end_record(Path(self.config.run.log_path) / RUN_END, ctl.orchestrator.end_record())
         ctl.orchestrator.close_trackers(failed=code == EXIT_FAILED)
         ctl.journal.close()
         linger = self.config.metrics_linger_s
@@ -190,6 +196,16 @@ class ControllerService(Service):
             # a clean exit only); a signal ends the wait.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=linger)
+
+
+def write_end_record(path: Path, record: dict[str, Any]) -> None:
+    """Write `record` to `path` atomically (a reader never sees half of it); a failure (a full disk) is logged."""
+    try:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("could not write %s: %s", path, exc)
 
 
 def build_service(config: ControllerConfig) -> ControllerService:

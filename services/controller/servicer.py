@@ -73,7 +73,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         known = self.members.heartbeat(request.member_id, self.clock())
         self.orchestrator.told_if_finished(request.member_id)
         return controller_pb2.HeartbeatResponse(
-            known=known, run_finished=self.orchestrator.finished, evaluate_version=self.orchestrator.evaluate_version
+            known=known,
+            run_finished=self.orchestrator.completed,
+            run_stopped=self.orchestrator.stopped,
+            evaluate_version=self.orchestrator.evaluate_version,
         )
 
     async def LeaseRows(
@@ -111,7 +114,10 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 )
                 for lease in leases
             ],
-            run_finished=self.orchestrator.finished,  # not when the data is used up: a final evaluation may follow
+            # Not when the data is used up (a final evaluation may follow), and not when this controller stops
+            # without finishing the run (run_stopped: a resumed controller may follow).
+            run_finished=self.orchestrator.completed,
+            run_stopped=self.orchestrator.stopped,
             retry_after_s=0.0 if leases or (waited and not self.orchestrator.finished) else 0.2,
             replicas=[
                 controller_pb2.Replica(member_id=m.member_id, address=m.address, version=m.version) for m in replicas

@@ -137,10 +137,14 @@ if __name__ == "__main__":
 
     def make_rollout_fn(setup):
         async def rollout_fn(row):
+            from pathlib import Path
+
             from tests.integration.up.rollouts import make_rollout_fn as inner
 
             calls.append(row["prompt"])
-            return await inner(setup)(row)
+            sample = await inner(setup)(row)
+            Path(sys.argv[4]).unlink(missing_ok=True)  # the main run's rollouts wait until the sidecar ran one
+            return sample
 
         return rollout_fn
 
@@ -155,9 +159,13 @@ def test_a_sidecar_main_with_a_closure_joins_a_running_run(tmp_path, tiny_model_
     from fleetrl.up.auth import read_run_token
     from tests.integration.up.conftest import start_fleetrl_up, write_run
 
-    run = {"max_steps": 6, "rollout_extras": {"tool_latency_s": 0.3}}
-    slow = "tests.integration.up.rollouts:make_slow_rollout_fn"
-    up = {"rollout": slow, "gateway_args": ["--max-rows-in-flight", "1"]}  # rows left for the sidecar
+    # The main run's rollouts wait while `hold` exists, and the sidecar's first rollout removes it: the run cannot
+    # finish before the sidecar joined (it once finished in 6 s, and the sidecar then waited for a gone controller).
+    hold = tmp_path / "hold"
+    hold.touch()
+    run = {"max_steps": 6, "rollout_extras": {"hold_file": str(hold)}}
+    held = "tests.integration.up.rollouts:make_held_rollout_fn"
+    up = {"rollout": held, "gateway_args": ["--max-rows-in-flight", "1"]}  # rows left for the sidecar
     config = write_run(tmp_path, tiny_model_dir, run, up, n_rows=24)
     run_dir = tmp_path / "run"
     proc = start_fleetrl_up(config)
@@ -169,7 +177,7 @@ def test_a_sidecar_main_with_a_closure_joins_a_running_run(tmp_path, tiny_model_
         script.write_text(SIDECAR)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         address = f"{controller.get('host', '127.0.0.1')}:{controller['grpc_port']}"
-        argv = [sys.executable, str(script), json.dumps(sidecar_cfg), address, token or ""]
+        argv = [sys.executable, str(script), json.dumps(sidecar_cfg), address, token or "", str(hold)]
         sidecar = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         out, err = proc.communicate(timeout=300)
     finally:
@@ -180,3 +188,8 @@ def test_a_sidecar_main_with_a_closure_joins_a_running_run(tmp_path, tiny_model_
     lines = [line for line in sidecar.stdout.splitlines() if line.startswith("RESULT ")]
     assert json.loads(lines[-1].removeprefix("RESULT "))["rollouts"] > 0  # the sidecar's closure ran rollouts
     assert len(read_metrics(run_dir)) == 6
+    # Joining the run now that it has finished: refused soon, saying so (before: its gateway waited 120 s for the
+    # gone controller, then was restarted again and again).
+    late = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert late.returncode == 1, late.stdout[-2000:] + late.stderr[-3000:]
+    assert f"no run answers at {address}" in late.stderr and "it finished, or is gone" in late.stderr

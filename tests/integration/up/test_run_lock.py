@@ -5,9 +5,12 @@ services on the same journal and `--overwrite` deleted the live run's files."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.integration.up.conftest import fleetrl_up, read_metrics, start_fleetrl_up, wait_for_steps, write_run
+from tests.integration.up.conftest import REPO, fleetrl_up, read_metrics, start_fleetrl_up, wait_for_steps, write_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -41,6 +44,16 @@ def test_a_second_start_on_a_live_runs_folder_is_refused_naming_its_pid(tmp_path
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     assert [m["step"] for m in read_metrics(run_dir) if "train/loss" in m] == [1, 2, 3]
+    # `fleetrl status` on the finished run describes it from its folder (before: UNAVAILABLE, exit 1).
+    status = subprocess.run(
+        [sys.executable, "-m", "fleetrl", "status", "--log-path", str(run_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr
+    assert "finished at step 3, version 3" in status.stdout and str(run_dir / "final") in status.stdout
     # The lock went with the run: a new start is refused only because the folder holds a (finished) run.
     again = fleetrl_up(config, timeout_s=120, extra=[])
     assert again.returncode == 2 and "live run" not in again.stderr and "--overwrite" in again.stderr

@@ -84,7 +84,7 @@ async def test_the_run_finishing_answers_a_held_call_at_once(tmp_path, monkeypat
     servicer, orch = make(tmp_path)
     call = asyncio.create_task(servicer.LeaseRows(request(wait_s=5.0), Context()))
     await asyncio.sleep(0.05)
-    orch.finished = True
+    orch.finished = orch.completed = True  # run() ended after finish()
     orch.lease_signal.notify()
     reply = await asyncio.wait_for(call, 2.0)
     assert reply.run_finished and list(reply.rows) == []

@@ -66,3 +66,30 @@ def test_no_run_here_says_where_it_looked(tmp_path, monkeypatch, capsys, free_po
     assert "--log-path" in err
     assert main(["--log-path", str(tmp_path / "nothing")]) == 1
     assert f"no run in {tmp_path / 'nothing'}" in capsys.readouterr().err
+
+
+def test_a_run_whose_controller_is_gone_is_described_from_its_folder(tmp_path, capsys):
+    # Before: "UNAVAILABLE: failed to connect" and exit 1 for a finished run.
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on: the run's controller has exited
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ready(tmp_path, grpc_port=port, host="127.0.0.1")
+    record = {
+        "outcome": "finished",
+        "error": "",
+        "trained_steps": 6,
+        "version": 6,
+        "final_model": str(tmp_path / "final"),
+        "final_eval": {"accuracy": 0.75},
+    }
+    (tmp_path / "run_end.json").write_text(json.dumps(record))
+    assert main(["--log-path", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "finished at step 6, version 6" in out and "accuracy 0.75" in out and str(tmp_path / "final") in out
+    record.update(outcome="failed", error="RunFailed: trainer failed step 7", final_model=None)
+    (tmp_path / "run_end.json").write_text(json.dumps(record))
+    assert main(["--log-path", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "failed at step 6" in out and "trainer failed step 7" in out and "--resume" in out
