@@ -135,7 +135,8 @@ def _query_after_run(port: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def compose_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> ComposeRun:
-    """docker-compose.yml's fleetrl services (profiles cpu + reference, two gateways as `--scale gateway=2`)
+    """docker-compose.yml's fleetrl services (profiles cpu + reference with FLEETRL_REFERENCE=reference:50061: the
+    reference as its own service, the opt-in placement; two gateways as `--scale gateway=2`)
     run as local processes on the tiny model for three steps, with the shipped example config folder's rollout,
     scraped directly and, when the prometheus binary is installed, by a real Prometheus using
     monitoring/prometheus.yml and the alert rules."""
@@ -150,6 +151,7 @@ def compose_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -
         "FLEETRL_CONFIG_DIR": str(config_dir),
         "FLEETRL_MODEL_DIR": tiny_model_dir,
         "FLEETRL_ENGINE": "hf",
+        "FLEETRL_REFERENCE": "reference:50061",
         # Prometheus scrapes every second here: 3 s of /metrics after the run is enough for the final values.
         "FLEETRL_METRICS_LINGER_S": "3",
     }

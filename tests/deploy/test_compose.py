@@ -18,7 +18,7 @@ from tests.deploy.from_compose import ComposeError, compose_services, interpolat
 from tests.deploy.localstack import REPO, LocalStack, StackError
 
 ENV_EXAMPLE = REPO / ".env.example"
-PROFILE_SETS = ("cpu", "cpu,reference", "gpu", "gpu,reference")
+PROFILE_SETS = ("cpu", "cpu,reference", "gpu", "gpu,reference", "gpu,reference-gpu")
 
 
 def env_example() -> dict[str, str]:
@@ -91,7 +91,7 @@ def test_scale_gateway_passes_composes_own_scale_checks(tmp_path):
     assert yaml.safe_load(scaled.stdout)["services"]["gateway"]["scale"] == 4
 
 
-@pytest.mark.parametrize("profiles", ["cpu,reference", "gpu"])
+@pytest.mark.parametrize("profiles", ["cpu,reference", "gpu", "gpu,reference-gpu"])
 def test_our_interpolation_matches_docker_compose(profiles):
     """The smoke test reads the file with tests/deploy/from_compose.py; it must see what compose sees."""
     env = env_example() | {"FLEETRL_ENGINE": "hf", "FLEETRL_ROLLOUT": "pkg.mod:make"}
@@ -154,8 +154,9 @@ def scraped_value(text: str, series: str) -> float:
 @pytest.mark.integration
 @pytest.mark.slow
 def test_compose_services_train_two_steps(compose_run):
-    """The compose file's services, as written, on loopback: two gateways, the reference (kl_beta > 0), the auth
-    token from the environment, the shipped example rollout; three steps, then the controller exits 0."""
+    """The compose file's services, as written, on loopback: two gateways, the reference service (kl_beta > 0, the
+    opt-in placement: profile reference, FLEETRL_REFERENCE=reference:50061), the auth token from the environment,
+    the shipped example rollout; three steps, then the controller exits 0."""
     assert compose_run.controller_exit == 0
     lines = compose_run.metrics_lines()
     assert [m["step"] for m in lines] == list(range(1, COMPOSE_STEPS + 1))
@@ -206,6 +207,72 @@ def test_inference_serves_the_dtype_from_the_env():
     ):
         command = [str(a) for a in load_compose(COMPOSE_FILE, env)["services"]["inference"]["command"]]
         assert config_from_args(build_parser().parse_args(command[2:])).dtype == dtype
+
+
+# --- Where the KL reference runs: FLEETRL_REFERENCE, the reference and reference-gpu profiles ---------------------
+
+
+def trainer_config(command: list, run_toml: Path) -> object:
+    """The trainer's config from its compose command, the container's run.toml read from `run_toml`."""
+    from fleetrl.services.trainer.launcher import build_parser, config_from_args
+
+    command = [str(run_toml) if a == "/etc/fleetrl/user/run.toml" else str(a) for a in command]
+    assert command[:2] == ["serve", "trainer"]
+    return config_from_args(build_parser().parse_args(command[2:]))
+
+
+def reference_config(command: list) -> object:
+    from fleetrl.services.reference.launcher import build_parser, config_from_args
+
+    command = [str(a) for a in command]
+    assert command[:2] == ["serve", "reference"]
+    return config_from_args(build_parser().parse_args(command[2:]))
+
+
+def test_the_trainer_hosts_the_reference_unless_the_env_names_the_service(tmp_path):
+    """.env.example (and an unset FLEETRL_REFERENCE): --reference local, a frozen copy in the trainer, in both the
+    cpu and gpu variants, and no profile of the default runs a reference container; FLEETRL_REFERENCE names the
+    opt-in service, which the reference profiles run."""
+    run_toml = tmp_path / "run.toml"
+    run_toml.write_text(tiny_run_toml())
+    base = env_example()
+    for env in (base, {k: v for k, v in base.items() if k != "FLEETRL_REFERENCE"}):
+        services = load_compose(COMPOSE_FILE, env)["services"]
+        for name in ("trainer", "trainer-gpu"):
+            assert trainer_config(services[name]["command"], run_toml).reference == "local", name
+    assert {"reference", "reference-gpu"}.isdisjoint(
+        name for name, spec in load_compose(COMPOSE_FILE, base)["services"].items() if "cpu" in spec.get("profiles", [])
+    )
+    services = load_compose(COMPOSE_FILE, base | {"FLEETRL_REFERENCE": "reference:50061"})["services"]
+    for name in ("trainer", "trainer-gpu"):
+        assert trainer_config(services[name]["command"], run_toml).reference == "reference:50061", name
+    assert services["reference"]["profiles"] == ["reference"]
+    assert services["reference-gpu"]["profiles"] == ["reference-gpu"]
+
+
+def test_the_reference_service_runs_on_the_device_and_dtype_from_the_env():
+    """Profile reference: --device FLEETRL_REFERENCE_DEVICE (cpu) and --dtype FLEETRL_REFERENCE_DTYPE (float32);
+    profile reference-gpu: the gpu image on cuda in bfloat16 (the gpu trainer's compute dtype), reserving
+    FLEETRL_REFERENCE_GPUS, reached by the name `reference` like the CPU variant."""
+    services = load_compose(COMPOSE_FILE, env_example())["services"]
+    cpu = reference_config(services["reference"]["command"])
+    gpu = reference_config(services["reference-gpu"]["command"])
+    assert (cpu.device, cpu.dtype) == ("cpu", "float32") and (gpu.device, gpu.dtype) == ("cuda", "bfloat16")
+    spec = services["reference-gpu"]
+    (device,) = spec["deploy"]["resources"]["reservations"]["devices"]
+    assert device["device_ids"] == ["2"] and device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    assert spec["image"] == "fleetrl:gpu" and spec["networks"]["default"]["aliases"] == ["reference"]
+    assert spec["healthcheck"] == services["reference"]["healthcheck"]
+    env = env_example() | {
+        "FLEETRL_REFERENCE_DEVICE": "cuda:1",
+        "FLEETRL_REFERENCE_DTYPE": "bfloat16",
+        "FLEETRL_REFERENCE_GPUS": "3",
+    }
+    services = load_compose(COMPOSE_FILE, env)["services"]
+    cpu = reference_config(services["reference"]["command"])
+    assert (cpu.device, cpu.dtype) == ("cuda:1", "bfloat16")
+    (device,) = services["reference-gpu"]["deploy"]["resources"]["reservations"]["devices"]
+    assert device["device_ids"] == ["3"]
 
 
 # --- The prompt rows: FLEETRL_ROWS, FLEETRL_DATA_DIR, docker-compose.rows-url.yml ------------------------------

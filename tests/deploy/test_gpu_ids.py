@@ -73,3 +73,25 @@ def test_chart_pods_get_gpus_only_from_the_device_plugin():
             gpus_by_workload[manifest["metadata"]["name"]] = limits.get("nvidia.com/gpu", 0)
     assert gpus_by_workload["gpus-fleetrl-trainer"] == 8
     assert gpus_by_workload["gpus-fleetrl-inference"] == 1
+
+
+def test_a_reference_service_gpu_shared_with_the_trainer_is_refused_where_the_service_runs():
+    """FLEETRL_REFERENCE_GPUS counts only when the trainer uses the reference service (FLEETRL_REFERENCE names it):
+    the colocated default lives on the trainer's own GPUs, whatever the variable says."""
+    env = env_example() | {"FLEETRL_REFERENCE": "reference:50061", "FLEETRL_REFERENCE_GPUS": "1"}
+    spec = _gpu_services(env)["trainer-gpu"]
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl", *spec["command"]],
+        env={"PATH": "/usr/bin:/bin", **{k: str(v) for k, v in spec["environment"].items()}},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "FLEETRL_TRAINER_GPUS and FLEETRL_REFERENCE_GPUS overlap on GPU 1" in result.stderr
+    with pytest.raises(ValueError, match="FLEETRL_INFERENCE_GPUS and FLEETRL_REFERENCE_GPUS overlap on GPU 0"):
+        check_gpu_env(env | {"FLEETRL_REFERENCE_GPUS": "0"})
+    check_gpu_env(env | {"FLEETRL_REFERENCE": "local"})  # colocated: its GPUs are the trainer's
+    check_gpu_env(env | {"FLEETRL_REFERENCE_GPUS": ""})  # a service without GPU ids (on CPU)
+    for service in _gpu_services(env_example()).values():  # the shipped example: 0, 1 and 2
+        check_gpu_env({**service["environment"], "FLEETRL_REFERENCE": "reference:50061"})
