@@ -109,7 +109,7 @@ class ControllerMetrics(Collector):
             value=s.counters.get("late_reports", 0),
         )
         yield from step_sum_counters(self.orchestrator.step_sums)
-        now = time.time()
+        now = time.monotonic()  # the registry's clock (liveness runs on the monotonic clock)
         members = GaugeMetricFamily("fleetrl_controller_members", "Live members by kind.", labels=["kind"])
         for kind in ("gateway", "inference", "trainer"):
             members.add_metric([kind], len(self.members.alive(kind, now)))

@@ -64,9 +64,11 @@ class Orchestrator:
         *,
         metrics_path: Path,
         trackers: TrackerSet | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`config` gives the run and every timeout (their defaults live in ControllerConfig alone)."""
+        """`config` gives the run and every timeout (their defaults live in ControllerConfig alone). `clock` runs
+        leases, liveness, stall detection and step times: the monotonic clock, which a wall-clock step (NTP, a
+        suspended VM, an operator) cannot move; wall time only goes into records (metrics lines, run_end.json)."""
         run = config.run
         self.config = config
         self.run_cfg = run

@@ -100,7 +100,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
     except Exception:
         trackers.close(failed=True)
         raise
-    now = time.time()
+    now = time.monotonic()  # leases, heartbeats and liveness: never the wall clock, which can step
     if config.trainer_address:
         members.register("trainer", "trainer", config.trainer_address, now)
     for i, address in enumerate(config.inference_addresses):

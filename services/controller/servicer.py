@@ -41,8 +41,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         *,
         run_id: str,
         heartbeat_interval_s: float,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the scheduler's and the registry's time (leases, heartbeats): monotonic, never the wall clock."""
         self.scheduler = scheduler
         self.members = members
         self.orchestrator = orchestrator
@@ -107,7 +108,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 controller_pb2.LeasedRow(
                     row_id=lease.row_id,
                     submit_version=lease.submit_version,
-                    lease_deadline_unix_s=lease.deadline,
+                    lease_deadline_unix_s=time.time() + (lease.deadline - now),  # wall time, for display
                     row_json=json.dumps(lease.row),
                     attempt=lease.attempt,
                     lease_tag=lease.tag,
