@@ -45,6 +45,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -1354,7 +1355,11 @@ def _lines(path: Path) -> list[str]:
 
 
 def _tail(path: Path, n: int = 12) -> str:
-    return " / ".join(_lines(path)[-n:])
+    """The log's last error line first (a table cell is cut at 300 characters), then its last `n` lines."""
+    lines = _lines(path)
+    errors = [line for line in lines if re.search(r"\w+(Error|Exception)\b|error:|Traceback", line)]
+    last = [line for line in errors if not line.startswith("Traceback")][-1:]
+    return " / ".join([*(f"last error: {e.strip()}" for e in last), *lines[-n:]])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -5,11 +5,11 @@
 
 The GPU machines lent to this project (docs/benchmarks.md "GPU check") have Python 3.12 with torch, transformers,
 safetensors, xxhash, prometheus-client, peft, numpy, rich, tokenizers, pyarrow, pandas, huggingface-hub and grpcio,
-but no pyzmq, no pydantic, no datasets and no network; their grpcio and protobuf may be older than fleetrl's
-generated code needs (grpcio >= 1.85.1, protobuf >= 7.35.1). So the wheels of WHEELS are downloaded here for that
-Python (manylinux x86_64, binary only, no dependencies: each one fleetrl needs is named), pinned to the versions this
-machine's tests ran with, into .gpu_wheels/ (git-ignored). Everything that travels (the working tree and the wheels)
-must stay under 64 MiB.
+but no pyzmq, no pydantic, no datasets, no fastapi or uvicorn (an inference replica's HTTP API) and no network; their
+grpcio and protobuf may be older than fleetrl's generated code needs (grpcio >= 1.85.1, protobuf >= 7.35.1). So the
+wheels of WHEELS are downloaded here for that Python (manylinux x86_64, binary only, no dependencies: each one fleetrl
+needs is named), pinned to the versions this machine's tests ran with, into .gpu_wheels/ (git-ignored). Everything
+that travels (the working tree and the wheels) must stay under 64 MiB.
 
 On the GPU machine the wheels install into /tmp/site (first on PYTHONPATH, so they win over older copies there) and
 fleetrl installs editable from the copied tree with no download (`pip install --no-deps --no-index
@@ -53,6 +53,11 @@ WHEELS = (
     "datasets",
     "dill",
     "multiprocess",
+    # the `http` extra: every inference replica serves its OpenAI-compatible API (services/inference/http_server.py)
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "annotated-doc",
 )
 # fleetrl's requirements the GPU machine has (its package list, docs/benchmarks.md) and that are not carried.
 DEVICE_HAS = (

@@ -142,7 +142,9 @@ def _name(requirement: str) -> str:
 
 def test_prepare_carries_every_requirement_the_gpu_machine_lacks():
     """A new dependency of fleetrl fails here until the prepare script carries it or names it as present there."""
-    required = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # The `http` extra too: every inference replica serves its HTTP API (fastapi, uvicorn), so `fleetrl up` needs it.
+    required = [*project["dependencies"], *project["optional-dependencies"]["http"]]
     names = {_name(r) for r in required}
     covered = {n.lower() for n in (*prepare.WHEELS, *prepare.DEVICE_HAS)}
     assert names - covered == set()
