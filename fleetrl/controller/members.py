@@ -30,6 +30,7 @@ class Member:
     missed_polls: int = 0  # Status polls in a row it did not answer (a hung or stopped process)
     relay_address: str = ""  # an inference replica's weight relay, from its Status ("" = none known)
     relay_version: int = 0  # the version that relay holds complete (0 = none), as of its last Status
+    last_error: str = ""  # the gRPC code of its last missed Status poll ("" once it answers)
 
     def alive(self, now: float, timeout_s: float) -> bool:
         return now - self.last_seen <= timeout_s
@@ -88,15 +89,16 @@ class MemberRegistry:
                 return member
         return None
 
-    def missed_poll(self, member_id: str) -> int:
-        """The member did not answer a Status poll; returns how many in a row."""
+    def missed_poll(self, member_id: str, error: str = "") -> int:
+        """The member did not answer a Status poll (`error`: the gRPC code); returns how many in a row."""
         member = self.members[member_id]
         member.missed_polls += 1
+        member.last_error = error
         return member.missed_polls
 
     def answered_poll(self, member_id: str, now: float) -> None:
         member = self.members[member_id]
-        member.missed_polls, member.last_seen = 0, now
+        member.missed_polls, member.last_seen, member.last_error = 0, now, ""
 
     def remove(self, member_id: str) -> None:
         self.members.pop(member_id, None)

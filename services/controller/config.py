@@ -36,6 +36,13 @@ class ControllerConfig(BaseModel):
     heartbeat_interval_s: float = Field(2.0, gt=0, description="How often members heartbeat / are polled.")
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="A member silent this long is dead.")
     train_step_timeout_s: float = Field(1800.0, gt=0, description="One TrainStep call fails after this.")
+    trainer_patience_s: float = Field(
+        600.0,
+        gt=0,
+        description="A trainer that stops answering (a long garbage-collection pause, a slow checkpoint write, a busy "
+        "host) is waited for this long, with a warning while waiting, before the run fails; one that is gone "
+        "(nothing listens at its address for heartbeat_timeout_s) fails it at once.",
+    )
     weight_push_timeout_s: float = Field(300.0, gt=0, description="A replica not loaded by then is fenced.")
     start_timeout_s: float = Field(600.0, gt=0, description="Wait this long for the trainer and a replica.")
     evaluation: bool = Field(

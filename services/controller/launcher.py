@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lease-timeout", type=float, help="seconds before an unreported row is requeued")
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds of silence before a member is dead")
     parser.add_argument("--stall-timeout", type=float, help="seconds without a reported row or a step: fail the run")
+    parser.add_argument(
+        "--trainer-patience", type=float, help="seconds to wait for a trainer that stopped answering (default 600)"
+    )
     parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
     parser.add_argument("--evaluation", action="store_true", help="an evaluator gateway runs: request evaluations")
     parser.add_argument("--ready-file", help="write the bound addresses here as JSON once serving")
@@ -66,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 "lease_timeout_s": args.lease_timeout,
                 "heartbeat_timeout_s": args.heartbeat_timeout,
                 "stall_timeout_s": args.stall_timeout,
+                "trainer_patience_s": args.trainer_patience,
                 "metrics_linger_s": args.metrics_linger,
                 "evaluation": args.evaluation or None,
                 "ready_file": args.ready_file,

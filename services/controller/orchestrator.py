@@ -96,6 +96,7 @@ class Orchestrator:
         self.finished = False  # this controller's run loop has ended, for whatever reason: no more rows
         self.completed = False  # ... because the run is over (trained, exported): gateways exit 0 (run_finished)
         self.export_path = ""  # where the trainer exported the final model (once finished)
+        self.trainer_waits = 0  # checks that found the trainer silent and waited for it (live_trainer_stub)
         self.error = ""
         self.last_metrics: dict[str, float] = {}
         self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
@@ -135,6 +136,43 @@ class Orchestrator:
             raise RunFailed("no live trainer registered")
         return trainer_pb2_grpc.TrainerStub(self._channel(trainers[0].address))
 
+    async def live_trainer_stub(self) -> trainer_pb2_grpc.TrainerStub:
+        """The trainer's stub once it answers. A trainer that stopped answering Status (a long garbage-collection
+        pause, a slow checkpoint write, a busy host) is waited for up to `trainer_patience_s`, with a warning every
+        `heartbeat_timeout_s`; the run fails, saying which, when that patience is spent or the trainer is gone
+        (nothing has listened at its address for `heartbeat_timeout_s`)."""
+        started = self.clock()
+        warned: float | None = None
+        while not self.members.alive("trainer", self.clock()):
+            now = self.clock()
+            trainers = [m for m in self.members.members.values() if m.kind == "trainer"]
+            if not trainers:
+                raise RunFailed("no live trainer registered")
+            trainer = trainers[0]
+            silent = now - trainer.last_seen
+            if trainer.last_error == grpc.StatusCode.UNAVAILABLE.name:
+                raise RunFailed(
+                    f"the trainer at {trainer.address} is gone: nothing has answered there for {silent:.0f} s "
+                    f"(UNAVAILABLE); restart it and the controller with --resume"
+                )
+            if now - started > self.config.trainer_patience_s:
+                raise RunFailed(
+                    f"the trainer at {trainer.address} did not answer for {silent:.0f} s (trainer_patience_s "
+                    f"{self.config.trainer_patience_s:.0f}; last poll {trainer.last_error or 'unanswered'}): hung"
+                )
+            if warned is None or now - warned >= self.members.heartbeat_timeout_s:
+                warned = now
+                log.warning(
+                    "the trainer at %s has not answered for %.0f s (%s); waiting up to trainer_patience_s (%.0f s)",
+                    trainer.address,
+                    silent,
+                    trainer.last_error or "no reply",
+                    self.config.trainer_patience_s,
+                )
+            self.trainer_waits += 1
+            await asyncio.sleep(min(0.2, self.heartbeat_interval_s))
+        return self.trainer_stub()
+
     async def close(self) -> None:
         for channel in self._channels.values():
             await channel.close()
@@ -168,7 +206,7 @@ class Orchestrator:
                 self.groups_address = status.groups_address
             self.members.answered_poll(member.member_id, self.clock())
         except grpc.aio.AioRpcError as exc:
-            missed = self.members.missed_poll(member.member_id)
+            missed = self.members.missed_poll(member.member_id, exc.code().name)
             if member.kind == "inference" and missed >= UNRESPONSIVE_POLLS and not member.fenced:
                 reason = f"did not answer Status {missed} times in a row ({exc.code().name})"
                 self.members.fence(member.member_id, reason)
@@ -270,7 +308,7 @@ class Orchestrator:
         scheduler aligns to (`align_to_trainer`); a version past 0 is then published and pushed to every replica,
         since replicas start from the base model."""
         try:
-            status = await self.trainer_stub().Status(trainer_pb2.TrainerStatusRequest(), timeout=30)
+            status = await (await self.live_trainer_stub()).Status(trainer_pb2.TrainerStatusRequest(), timeout=30)
         except grpc.aio.AioRpcError as exc:
             raise RunFailed(f"trainer did not answer Status: {exc.code().name}: {exc.details()}") from None
         self.check_resume_point(int(status.version))
@@ -283,7 +321,8 @@ class Orchestrator:
         if version == 0:
             return
         try:
-            reply = await self.trainer_stub().Publish(trainer_pb2.PublishRequest(), timeout=self.weight_push_timeout_s)
+            stub = await self.live_trainer_stub()
+            reply = await stub.Publish(trainer_pb2.PublishRequest(), timeout=self.weight_push_timeout_s)
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
             raise RunFailed(f"trainer failed to publish version {version}: {reason}") from None
@@ -372,7 +411,7 @@ class Orchestrator:
             superseded=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in self.scheduler.take_superseded()],
         )
         try:
-            reply = await self.trainer_stub().TrainStep(request, timeout=self.train_step_timeout_s)
+            reply = await (await self.live_trainer_stub()).TrainStep(request, timeout=self.train_step_timeout_s)
         except grpc.aio.AioRpcError as exc:
             raise RunFailed(f"trainer failed step {step.step}: {exc.code().name}: {exc.details()}") from None
         t_trained = self.clock()
@@ -568,7 +607,7 @@ class Orchestrator:
             {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
         )
         try:
-            reply = await self.trainer_stub().Finish(
+            reply = await (await self.live_trainer_stub()).Finish(
                 trainer_pb2.FinishRequest(data_position=position), timeout=self.train_step_timeout_s
             )
         except grpc.aio.AioRpcError as exc:
