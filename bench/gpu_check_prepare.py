@@ -85,21 +85,16 @@ def pinned() -> list[str]:
 
 
 def download(folder: Path, python_version: str) -> None:
+    """The wheels of WHEELS for `python_version` into `folder`, and nothing else there: a wheel left from another run
+    (another version, or another Python's build) would stop the install on the GPU machine."""
     folder.mkdir(exist_ok=True)
+    for old in folder.glob("*.whl"):
+        old.unlink()
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
     argv += ["--python-version", python_version, "--implementation", "cp"]
     argv += [a for p in PLATFORMS for a in ("--platform", p)]
     argv += ["-d", str(folder), *pinned()]
     subprocess.run(argv, check=True, timeout=600)
-    keep = {_normal(spec.split("==")[0]): spec.split("==")[1] for spec in pinned()}
-    for wheel in folder.glob("*.whl"):
-        name, version = wheel.name.split("-")[:2]
-        if keep.get(_normal(name)) != version:
-            wheel.unlink()  # another version from an earlier run: two versions of one package stop the install
-
-
-def _normal(name: str) -> str:
-    return name.lower().replace("-", "_").replace(".", "_")
 
 
 def travelling_bytes() -> int:
