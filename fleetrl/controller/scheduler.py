@@ -94,7 +94,11 @@ class RowScheduler:
         max_attempts: int = 3,
         journal: Journal | None = None,
         max_steps: int | None = None,
+        max_stale_attempts: int | None = None,
     ) -> None:
+        """`max_attempts`: leases of a row that keeps failing; `max_stale_attempts` (default: max_attempts): leases
+        of a row whose group keeps coming back stale (slower than the off-policy bound allows) before it is
+        dropped, counted in `rows_failed_stale`."""
         self.cursor = cursor
         self.gate = gate
         self.groups_per_step = prompt_groups_per_step
@@ -102,6 +106,7 @@ class RowScheduler:
         self.stale_policy = stale_policy
         self.lease_timeout_s = lease_timeout_s
         self.max_attempts = max_attempts
+        self.max_stale_attempts = max_stale_attempts or max_attempts
         self.journal = journal
         self.max_steps = max_steps
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -244,21 +249,25 @@ class RowScheduler:
         if offset > self.max_offpolicy and self.stale_policy == "requeue":
             self.gate.resolve(lease.row_id, accepted=False)
             self.superseded.append((lease.row_id, lease.attempt))  # its group is at the trainer already
-            if lease.attempt >= self.max_attempts:
-                # Stale on every attempt: its tokens keep reporting an old version (a rollout that does not pass
-                # the sampler's versions through, or a replica that never catches up). Requeuing forever would
-                # hang the run, so the row is closed, loudly.
+            if lease.attempt >= self.max_stale_attempts:
+                # Stale on every attempt: almost always a slow row (its rollouts take longer than O versions of
+                # training; rarely, a rollout that does not pass the sampler's versions through). Requeuing forever
+                # would hang the run, so the row is dropped, loudly, and counted for the run's summary.
                 self.counters["rows_failed_stale"] += 1
                 self._journal_row(lease.row_id, "failed", lease.submit_version)
                 self._close(lease.row_id)
                 log.warning(
-                    "row %d was stale on %d attempts (oldest token version %d, step %d trains against %d); giving up "
-                    "on it: check that the rollout returns the sampler's per-token versions",
+                    "row %d dropped as too slow: it came back stale on %d attempts (oldest token version %d, step %d "
+                    "trains against %d, max_head_offpolicy_versions %d): slow, not wrong. Counted in "
+                    "rows_failed_stale; raise max_head_offpolicy_versions or the controller's max_stale_attempts "
+                    "(%d) to keep such rows, or speed its rollout up",
                     lease.row_id,
                     lease.attempt,
                     oldest,
                     step,
                     step - 1,
+                    self.max_offpolicy,
+                    self.max_stale_attempts,
                 )
                 return "failed"
             self.queue.append(lease.row_id)

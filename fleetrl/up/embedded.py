@@ -17,7 +17,9 @@ in a log_path that holds a run (without it, such a log_path is refused). Keyword
 Returns a summary dict (`run_summary`): `exit_code` (0; 1 when the run failed, a run that trains nothing failing and
 saying why; 2 for a bad config or log_path; 130 when stopped by Ctrl-C or SIGTERM, the trainer checkpointing the
 last step so `resume=True` continues), `steps`, `final_version`, `last_metrics`, `log_path`, `metrics_path`,
-`final_model` (None when nothing was exported). A script ends with `sys.exit(main(...)["exit_code"])`.
+`final_model` (None when nothing was exported), `rows_dropped_slow` and `rows_dropped_failing` (rows the run left
+out: too slow for the off-policy bound on every attempt, or failing every attempt; the exit code stays 0). A
+script ends with `sys.exit(main(...)["exit_code"])`.
 """
 
 from __future__ import annotations
@@ -155,6 +157,9 @@ def run_summary(cfg: Config, exit_code: int) -> dict[str, Any]:
                 steps.append(record)
     final = Path(cfg.output_dir) if cfg.output_dir else log_dir / "final"
     last = steps[-1] if steps else {}
+    from fleetrl.up.status import read_end_record
+
+    ended = read_end_record(log_dir) or {}
     return {
         "exit_code": exit_code,
         "steps": len({m["step"] for m in steps}),
@@ -163,4 +168,7 @@ def run_summary(cfg: Config, exit_code: int) -> dict[str, Any]:
         "log_path": str(log_dir),
         "metrics_path": str(metrics_path),
         "final_model": str(final) if (final / "config.json").exists() else None,
+        # Rows the run dropped as too slow (stale on every attempt) or failing every attempt: exit_code stays 0.
+        "rows_dropped_slow": int(ended.get("rows_dropped_slow") or 0),
+        "rows_dropped_failing": int(ended.get("rows_dropped_failing") or 0),
     }

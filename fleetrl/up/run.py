@@ -462,6 +462,8 @@ def _watch(
                 )
             _wait_gateways(gateways)
             print(f"fleetrl up: run finished; metrics in {metrics_path}")
+            if note := dropped_rows_note(metrics_path.parent):
+                print(f"fleetrl up: {note}", file=sys.stderr)
             return 0
         if controller is None and all(g.poll() is not None for g in gateways):
             return 0 if all(g.poll() == 0 for g in gateways) else 1
@@ -504,6 +506,24 @@ def stop_patience(children: list[Child], stop_timeout_s: float) -> dict[str, flo
     if any(c.kind == "trainer" and c.poll() is None for c in children):
         patient["controller"] = stop_timeout_s
     return patient
+
+
+def dropped_rows_note(log_dir: Path) -> str | None:
+    """What a finished run left out (its controller's run_end.json): rows dropped as too slow, or failing every
+    attempt; None when none. Such a run still exits 0 (docs/ARCHITECTURE.md, "Failure modes")."""
+    from fleetrl.up.status import read_end_record
+
+    record = read_end_record(log_dir) or {}
+    slow, failing = int(record.get("rows_dropped_slow") or 0), int(record.get("rows_dropped_failing") or 0)
+    parts = []
+    if slow:
+        parts.append(
+            f"{slow} rows dropped as too slow (stale on every attempt: slower than max_head_offpolicy_versions "
+            "allows; raise it or the controller's --max-stale-attempts to keep them)"
+        )
+    if failing:
+        parts.append(f"{failing} rows dropped after failing on every attempt")
+    return "; ".join(parts) or None
 
 
 def run_failure(controller_log: Path) -> str | None:

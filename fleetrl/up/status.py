@@ -152,6 +152,11 @@ def render_ended(record: dict[str, Any], log_path: Path) -> str:
         lines.append("final evaluation: " + ", ".join(f"{k} {v:g}" for k, v in sorted(final_eval.items())))
     if record.get("final_model"):
         lines.append(f"final model: {record['final_model']}")
+    if record.get("rows_dropped_slow") or record.get("rows_dropped_failing"):
+        lines.append(
+            f"rows dropped: {record.get('rows_dropped_slow') or 0} too slow (stale on every attempt), "
+            f"{record.get('rows_dropped_failing') or 0} failing on every attempt"
+        )
     if outcome != "finished":
         lines.append("`fleetrl up <run.toml> --resume` continues it")
     return "\n".join(lines)

@@ -33,6 +33,12 @@ class ControllerConfig(BaseModel):
     )
     lease_timeout_s: float = Field(600.0, gt=0, description="A leased row not reported by then is requeued.")
     max_row_attempts: int = Field(3, ge=1, description="Failed rows are retried this many times in all.")
+    max_stale_attempts: int = Field(
+        3,
+        ge=1,
+        description="A row whose group comes back stale (slower than max_head_offpolicy_versions allows) is leased "
+        "this many times in all before it is dropped as too slow (counted in rows_failed_stale, reported at the end).",
+    )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="How often members heartbeat / are polled.")
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="A member silent this long is dead.")
     train_step_timeout_s: float = Field(1800.0, gt=0, description="One TrainStep call fails after this.")

@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds of silence before a member is dead")
     parser.add_argument("--stall-timeout", type=float, help="seconds without a reported row or a step: fail the run")
     parser.add_argument(
+        "--max-stale-attempts", type=int, help="leases of a row that keeps coming back stale before it is dropped"
+    )
+    parser.add_argument(
         "--trainer-patience", type=float, help="seconds to wait for a trainer that stopped answering (default 600)"
     )
     parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                 "heartbeat_timeout_s": args.heartbeat_timeout,
                 "stall_timeout_s": args.stall_timeout,
                 "trainer_patience_s": args.trainer_patience,
+                "max_stale_attempts": args.max_stale_attempts,
                 "metrics_linger_s": args.metrics_linger,
                 "evaluation": args.evaluation or None,
                 "ready_file": args.ready_file,

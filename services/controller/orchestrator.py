@@ -614,6 +614,10 @@ class Orchestrator:
             raise RunFailed(f"trainer failed to finish: {exc.code().name}: {exc.details()}") from None
         self.export_path = reply.export_path
         log.info("run finished at version %d; final model exported to %s", reply.version, reply.export_path)
+        if slow := self.scheduler.counters.get("rows_failed_stale", 0):
+            log.warning(
+                "%d rows were dropped as too slow (stale on every attempt: slow, not wrong; rows_failed_stale)", slow
+            )
 
     # --- evaluation ----------------------------------------------------------------------------
     async def evaluate(self, version: int, wait: bool) -> None:
@@ -677,6 +681,9 @@ class Orchestrator:
             "version": version,
             "final_model": self.export_path or None,
             "final_eval": self.evaluated.get(version),
+            # Rows the run dropped: too slow (stale on every attempt: slow, not wrong) or failing every attempt.
+            "rows_dropped_slow": int(self.scheduler.counters.get("rows_failed_stale", 0)),
+            "rows_dropped_failing": int(self.scheduler.counters.get("rows_failed", 0)),
             "time": time.time(),
         }
 

@@ -58,6 +58,7 @@ def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
         stale_policy=run.stale_policy,
         lease_timeout_s=config.lease_timeout_s,
         max_attempts=config.max_row_attempts,
+        max_stale_attempts=config.max_stale_attempts,
         max_steps=run.max_steps,
     )
 

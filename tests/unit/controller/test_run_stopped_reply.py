@@ -81,3 +81,4 @@ def test_the_end_record_says_how_the_run_ended(tmp_path):
     record = orch.end_record()
     assert record["outcome"] == "failed" and "no trainer" in record["error"]
     assert record["trained_steps"] == 0 and record["version"] == 0 and record["final_model"] is None
+    assert record["rows_dropped_slow"] == 0 and record["rows_dropped_failing"] == 0

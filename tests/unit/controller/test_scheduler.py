@@ -225,3 +225,15 @@ def test_dropped_samples_and_rejection_causes_are_counted_by_name():
     assert s.counters["samples_dropped_too_long"] == 3
     assert s.counters["rows_rejected_too_long"] == 1
     assert sum(v for k, v in s.counters.items() if k.startswith("rows_rejected_")) == 2
+
+
+def test_a_slow_row_is_dropped_after_max_stale_attempts_saying_slow_not_wrong(caplog):
+    # Issue 28 item 9: the limit is its own setting (a row that fails is still retried max_attempts times), and the
+    # warning says what happened: slow, not wrong (before: it blamed the rollout's per-token versions).
+    s = make(p=1, g=2, o=0, max_attempts=2, max_stale_attempts=4)
+    for expected in ("stale", "stale", "stale", "failed"):
+        (lease,) = s.lease("gw", 1, now=0)
+        assert s.report(lease.row_id, "accepted", now=1, min_version=-5) == expected
+    assert s.counters["rows_failed_stale"] == 1 and lease.attempt == 4
+    assert "dropped as too slow" in caplog.text and "slow, not wrong" in caplog.text
+    assert "max_stale_attempts" in caplog.text and "per-token versions" not in caplog.text

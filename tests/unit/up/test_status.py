@@ -93,3 +93,20 @@ def test_a_run_whose_controller_is_gone_is_described_from_its_folder(tmp_path, c
     assert main(["--log-path", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "failed at step 6" in out and "trainer failed step 7" in out and "--resume" in out
+
+
+def test_rows_dropped_as_too_slow_are_reported_at_the_end(tmp_path):
+    from fleetrl.up.run import dropped_rows_note
+
+    assert dropped_rows_note(tmp_path) is None
+    record = {"outcome": "finished", "trained_steps": 4, "version": 4, "rows_dropped_slow": 3}
+    (tmp_path / "run_end.json").write_text(json.dumps(record))
+    note = dropped_rows_note(tmp_path)
+    assert note.startswith("3 rows dropped as too slow") and "max_head_offpolicy_versions" in note
+    assert "3 too slow" in render_ended_text(tmp_path)
+
+
+def render_ended_text(log_path):
+    from fleetrl.up.status import read_end_record, render_ended
+
+    return render_ended(read_end_record(log_path), log_path)
