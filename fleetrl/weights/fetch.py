@@ -21,6 +21,7 @@ import zmq
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Chunk, Manifest, decode_manifest, new_hasher, plan_chunks
 from fleetrl.weights.protocol import PROTOCOL, RANGE, parse_error
+from fleetrl.weights.timeouts import MIN_TRANSFER_RATE_BYTES_PER_S, transfer_timeout_s
 
 # Receiver credit: at most this many bytes and chunks requested but not yet received. Whole-tensor
 # chunks in flight cost no extra memory (they become the tensors); pieces of larger tensors are
@@ -36,8 +37,10 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
     The manifest is fetched (and checked) when the stream is created, so ``manifest`` is available
     before the first tensor. Each tensor is yielded only after all its bytes arrived and, with
     ``verify``, its checksum matched; a mismatch raises WeightTransferError instead. ``timeout_s``
-    bounds every wait for the publisher (``deadline``, a ``time.monotonic()`` value, optionally
-    bounds the whole fetch). Close it (or use ``with``) if you stop early.
+    bounds every wait for the publisher. ``deadline`` (a ``time.monotonic()`` value) optionally
+    bounds the whole fetch; so does ``budget_floor_s``: the fetch then gets that plus its bytes at
+    ``rate_bytes_per_s`` from its start (fleetrl.weights.timeouts), known once the manifest arrived.
+    Close it (or use ``with``) if you stop early.
     """
 
     def __init__(
@@ -49,7 +52,10 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         auth_token: str | None = None,
         verify: bool = True,
         deadline: float | None = None,
+        budget_floor_s: float | None = None,
+        rate_bytes_per_s: float = MIN_TRANSFER_RATE_BYTES_PER_S,
     ) -> None:
+        started = time.monotonic()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ValueError(f"weight version must be a non-negative int, got {version!r}")
         if not timeout_s > 0:
@@ -59,6 +65,9 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         self.verify = verify
         self._timeout_s = float(timeout_s)
         self._deadline = deadline
+        if budget_floor_s is not None:  # the manifest must arrive within the floor, the rest within the budget
+            transfer_timeout_s(budget_floor_s, 0, rate_bytes_per_s)  # ValueError now for a bad floor or rate
+            self._deadline = _earliest(deadline, started + budget_floor_s)
         self._session_id: bytes | None = None
         self._closed = False
         self._socket = zmq.Context.instance().socket(zmq.DEALER)
@@ -67,6 +76,9 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         try:
             self._socket.connect(address)
             self.manifest, self._chunk_bytes = self._request_manifest(auth_token)
+            if budget_floor_s is not None:
+                budget_s = transfer_timeout_s(budget_floor_s, self.manifest.total_bytes, rate_bytes_per_s)
+                self._deadline = _earliest(deadline, started + budget_s)
         except zmq.ZMQError as exc:
             self.close()
             raise WeightTransferError(f"cannot fetch weights from {address!r}: {exc}", reason="connect") from exc
@@ -78,6 +90,11 @@ class WeightStream(Iterator[tuple[str, torch.Tensor]]):
         self._in_flight_chunks = 0
         self._in_flight_bytes = 0
         self._tensors = self._receive_tensors()
+
+    @property
+    def deadline(self) -> float | None:
+        """When the whole fetch fails (a ``time.monotonic()`` value; None: only each wait is bounded)."""
+        return self._deadline
 
     def __iter__(self) -> WeightStream:
         return self
@@ -284,14 +301,18 @@ def iter_weights(
     timeout_s: float = 120.0,
     auth_token: str | None = None,
     verify: bool = True,
+    budget_floor_s: float | None = None,
 ) -> WeightStream:
     """Open a fetch of ``version``: ``.manifest`` at once, then ``(name, tensor)`` one by one.
 
     Raises WeightTransferError right away for an unknown version, a refused token or no reply
     within ``timeout_s``; while iterating, ``timeout_s`` bounds each wait for the publisher (time
-    the caller spends between items does not count).
+    the caller spends between items does not count). ``budget_floor_s``: the whole fetch also
+    fails after that plus its bytes at a conservative rate (fleetrl.weights.timeouts).
     """
-    return WeightStream(address, version, timeout_s=timeout_s, auth_token=auth_token, verify=verify)
+    return WeightStream(
+        address, version, timeout_s=timeout_s, auth_token=auth_token, verify=verify, budget_floor_s=budget_floor_s
+    )
 
 
 def fetch_weights(
@@ -301,16 +322,23 @@ def fetch_weights(
     timeout_s: float = 120.0,
     auth_token: str | None = None,
     verify: bool = True,
+    rate_bytes_per_s: float = MIN_TRANSFER_RATE_BYTES_PER_S,
 ) -> tuple[Manifest, dict[str, torch.Tensor]]:
-    """Fetch all of ``version`` within ``timeout_s``; every tensor checked against the manifest."""
-    deadline = time.monotonic() + timeout_s
+    """Fetch all of ``version``; every tensor checked against the manifest. ``timeout_s`` bounds each
+    wait for the publisher, and the whole fetch gets ``timeout_s`` plus its bytes at
+    ``rate_bytes_per_s`` (fleetrl.weights.timeouts: a conservative 100 MB/s by default)."""
     with WeightStream(
         address,
         version,
         timeout_s=timeout_s,
         auth_token=auth_token,
         verify=verify,
-        deadline=deadline,
+        budget_floor_s=timeout_s,
+        rate_bytes_per_s=rate_bytes_per_s,
     ) as stream:
         tensors = dict(stream)
         return stream.manifest, tensors
+
+
+def _earliest(a: float | None, b: float) -> float:
+    return b if a is None else min(a, b)

@@ -98,7 +98,11 @@ class InferenceConfig(BaseModel):
     )
     request_timeout_s: float = Field(600.0, gt=0, description="A generate call fails after this.")
     weight_load_timeout_s: float = Field(
-        300.0, gt=0, description="LoadWeights default timeout (fetch + verify + swap)."
+        300.0,
+        gt=0,
+        description="LoadWeights default timeout (a request may name its own): each wait for the weight stream, "
+        "and the floor of the whole load (fetch + verify + swap), which gets this plus the version's bytes at "
+        "100 MB/s (fleetrl/weights/timeouts.py).",
     )
     relay_port: int | None = Field(
         0,

@@ -76,7 +76,9 @@ class InferenceEngine(ABC):
     ) -> LoadResult:
         """Fetch `version` from the weight stream at `source` while generation continues, then swap under a
         short pause. Incomplete / mismatched (unknown name, wrong shape or dtype) / bad checksum -> raise
-        WeightLoadError and keep serving the previous version."""
+        WeightLoadError and keep serving the previous version. `timeout_s` bounds each wait for the stream and is
+        the floor of the whole load's bound, which adds the version's bytes at a conservative rate
+        (fleetrl.weights.timeouts)."""
 
     @abstractmethod
     def queue_depth(self) -> int:

