@@ -152,6 +152,11 @@ def load_shards(model: torch.nn.Module, path: str | Path) -> int:
             local.copy_(values)
             read += values.numel() * values.element_size()
             del values
+    # Persistent buffers the checkpoint holds (not sharded: each rank reads them whole); the others keep their init.
+    for name, buffer in model.named_buffers():
+        if name in files:
+            with safe_open(str(files[name]), framework="pt") as f:
+                buffer.copy_(f.get_tensor(name))
     return read
 
 
