@@ -116,8 +116,11 @@ def test_a_lora_run_renders_no_reference_service():
     assert "--reference" not in trainer["containers"][0]["args"]
     run_toml = "\n".join(m["data"].get("run.toml", "") for m in manifests if m["kind"] == "ConfigMap")
     assert "lora_rank = 8" in run_toml and "lora_alpha = 16" in run_toml, run_toml
-    full = render_chart({"run": {"config": {"kl_beta": 0.01}}}, name="full")  # full fine-tuning keeps it
+    service = {"run": {"config": {"kl_beta": 0.01}}, "reference": {"placement": "service"}}
+    full = render_chart(service, name="full")  # full fine-tuning keeps a reference service where one is asked for
     assert "full-fleetrl-reference" in by_kind(full, "Deployment")
+    lora = render_chart({**values, "reference": {"placement": "service"}}, name="lora")
+    assert not [m for m in lora if m["metadata"]["name"].endswith("-reference")]  # but LoRA needs none
 
 
 def test_scaled_gpu_values_render_valid_manifests(scaled_manifests):
@@ -132,7 +135,9 @@ def test_scaled_gpu_values_render_valid_manifests(scaled_manifests):
     assert main["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert main["command"][:4] == ["tini", "--", "torchrun", "--standalone"] and "8" in main["command"]
     assert main["args"][main["args"].index("--device") + 1] == "cuda"
-    assert "big-fleetrl-reference" in by_kind(scaled_manifests, "Deployment")  # kl_beta 0.001 > 0
+    # kl_beta 0.001 > 0: the reference is a frozen copy in the 8 ranks, no pod of its own.
+    assert main["args"][main["args"].index("--reference") + 1] == "local"
+    assert not [m for m in scaled_manifests if m["metadata"]["name"].endswith("-reference")]
     controller = by_kind(scaled_manifests, "Job")["big-fleetrl-controller"]["spec"]["template"]["spec"]
     args = controller["containers"][0]["args"]
     replicas = [args[i + 1] for i, a in enumerate(args) if a == "--inference"]
@@ -229,19 +234,21 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str, free_po
     once as Kubernetes would; the controller's init container downloads the rows (a file:// URL standing for
     the web) and checks their sha256, the gateway's holds it until the stack serves. With 2 trainer nodes: two
     torchrun agents (pods) meet at pod 0, the controller trains through the Service selecting pod 0 (rank 0), and
-    both ranks checkpoint to the shared claim."""
+    both ranks checkpoint to the shared claim. The KL reference (kl_beta > 0): a reference pod with one node
+    (reference.placement service), a frozen copy in the two trainer ranks with two (the default placement)."""
     rows = tmp_path / "served" / "train.jsonl"
     rows.parent.mkdir()
     sha256 = write_rows(rows)
     values = smoke_values(tiny_model_dir, rows.as_uri(), sha256)
     if trainer_nodes > 1:
         values["trainer"] = {"nodes": trainer_nodes, "rendezvousPort": free_port}
+    else:
+        values["reference"] = {"placement": "service"}
     manifests = render_chart(values, name="smoke")
     entrypoint = dockerfile_entrypoint(REPO / "docker" / "Dockerfile.cpu")
     pods, inits = chart_services(manifests, tmp_path, entrypoint)
-    assert {p.role for p in pods} == {
-        f"smoke-fleetrl-{c}" for c in ("controller", "gateway", "inference", "reference", "trainer")
-    }
+    components = {"controller", "gateway", "inference", "trainer"} | ({"reference"} if trainer_nodes == 1 else set())
+    assert {p.role for p in pods} == {f"smoke-fleetrl-{c}" for c in components}
     with LocalStack(pods, tmp_path, first_address=40) as stack:
         stack.start_pods(inits, timeout_s=240)
         controller = next(p.name for p in pods if p.role == "smoke-fleetrl-controller")
@@ -251,7 +258,7 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str, free_po
         for x in (tmp_path / "pvc" / "smoke-fleetrl-controller" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [m["step"] for m in lines] == [1, 2]
-    assert lines[-1]["producer/rows_failed"] == 0 and lines[-1]["train/kl_ref"] >= 0
+    assert lines[-1]["producer/rows_failed"] == 0 and lines[-1]["train/kl_ref"] > 0  # the policy left the reference
     final = tmp_path / "pvc" / "smoke-fleetrl-trainer" / "final"
     assert (final / "config.json").exists() and (final / "model.safetensors").exists()
     assert (
@@ -263,6 +270,49 @@ def test_chart_pods_train_two_steps(tmp_path: Path, tiny_model_dir: str, free_po
         assert "rank 0/2: process group up" in logs[0] and "rank 1/2: process group up" in logs[1], logs[0][-2000:]
         shards = {p.name for p in (tmp_path / "pvc" / "smoke-fleetrl-trainer").glob("step-*/*.distcp")}
         assert shards == {"__0_0.distcp", "__1_0.distcp"}  # each rank's DCP shard, on the one shared claim
+
+
+def reference_layout(values: dict) -> tuple[str | None, list[str] | None, list[str]]:
+    """The trainer's --reference, the reference pod's args (None: no reference manifests), and what the gateway's
+    init container waits for."""
+    manifests = render_chart(values, name="r")
+    validate_all(manifests)
+    deployments = by_kind(manifests, "Deployment")
+    (trainer,) = deployments["r-fleetrl-trainer"]["spec"]["template"]["spec"]["containers"]
+    args = [str(a) for a in trainer["args"]]
+    reference = args[args.index("--reference") + 1] if "--reference" in args else None
+    named = [m for m in manifests if m["metadata"]["name"] == "r-fleetrl-reference"]
+    pod = deployments["r-fleetrl-reference"]["spec"]["template"]["spec"] if named else None
+    assert not named or {m["kind"] for m in named} == {"Deployment", "Service"}
+    (init,) = deployments["r-fleetrl-gateway"]["spec"]["template"]["spec"]["initContainers"]
+    waits = [str(a) for a in init["command"]]
+    return reference, [str(a) for a in pod["containers"][0]["args"]] if pod else None, waits
+
+
+def test_the_reference_runs_in_the_trainer_unless_placed_in_a_service():
+    """reference.placement trainer (default): kl_beta > 0 gives the trainer --reference local and renders no
+    reference Deployment or Service, and gateways wait for none; placement service: the Service's address, a pod
+    on the trainer's device kind and compute dtype (reference.gpus); `enabled` still decides whether there is a
+    reference at all."""
+    from fleetrl.services.reference.launcher import build_parser, config_from_args
+
+    kl = {"run": {"config": {"kl_beta": 0.01}}}
+    reference, pod, waits = reference_layout(kl)
+    assert reference == "local" and pod is None and not any("reference" in a for a in waits)
+    reference, pod, waits = reference_layout({**kl, "reference": {"placement": "service"}})
+    assert reference == "r-fleetrl-reference:50061" and "r-fleetrl-reference:50061" in waits
+    config = config_from_args(build_parser().parse_args(pod[2:]))
+    assert (config.device, config.dtype) == ("cpu", "float32")  # a CPU trainer's compute dtype
+    gpu = {**kl, "trainer": {"gpus": 4}, "reference": {"placement": "service", "gpus": 1}}
+    config = config_from_args(build_parser().parse_args(reference_layout(gpu)[1][2:]))
+    assert (config.device, config.dtype) == ("cuda", "bfloat16")  # compute_dtype auto on a GPU trainer
+    fp32 = {**gpu, "run": {"config": {"kl_beta": 0.01, "compute_dtype": "float32"}}}
+    assert config_from_args(build_parser().parse_args(reference_layout(fp32)[1][2:])).dtype == "float32"
+    for placement in ("trainer", "service"):
+        off = {**kl, "reference": {"placement": placement, "enabled": False}}
+        assert reference_layout(off)[:2] == (None, None)
+        forced = {"run": {"config": {"kl_beta": 0.0}}, "reference": {"placement": placement, "enabled": True}}
+        assert reference_layout(forced)[0] == ("local" if placement == "trainer" else "r-fleetrl-reference:50061")
 
 
 def test_a_lora_run_starts_inference_serving_adapters_of_its_rank():
@@ -359,6 +409,8 @@ def test_a_misspelt_key_fails_rendering_naming_it(values: dict, named: str):
         ({"inference": {"relayPort": "5573"}}, "at '/inference/relayPort': got string, want integer"),
         ({"inference": {"relayPort": 0}}, "at '/inference/relayPort'"),  # fixed: 0 (pick) cannot be declared
         ({"clusterDomain": "Cluster Local"}, "at '/clusterDomain'"),
+        ({"reference": {"placement": "gpu"}}, "at '/reference/placement'"),
+        ({"reference": {"placement": "service", "gpus": 2}}, "at '/reference/gpus'"),  # the service runs on one
     ],
 )
 def test_a_wrong_type_or_value_fails_rendering_naming_the_key(values: dict, named: str):
@@ -411,6 +463,7 @@ def everything_values() -> dict:
             "data": {"source": "url", "url": "https://example.com/rows/train.jsonl"},
         },
         "secrets": {"wandbApiKey": "wandb-secret-value", "hfToken": "hf_secret_value"},
+        "reference": {**values_file(SCALED)["reference"], "placement": "service", "gpus": 1},
     }
 
 

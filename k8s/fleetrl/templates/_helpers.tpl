@@ -110,10 +110,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- end -}}
 
-{{/* "true" when the reference service runs: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
+{{/* "true" when the run needs a KL reference: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
      0.001 when run.config has no kl_beta) and full fine-tuning: a LoRA run (lora_rank > 0) takes its reference
      logprobs from the base weights with the adapter disabled, in the trainer. */}}
-{{- define "fleetrl.referenceEnabled" -}}
+{{- define "fleetrl.referenceNeeded" -}}
 {{- $enabled := .Values.reference.enabled -}}
 {{- if eq (toString $enabled) "auto" -}}
 {{- $kl := 0.001 -}}
@@ -122,6 +122,28 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if hasKey .Values.run.config "lora_rank" -}}{{- $lora = .Values.run.config.lora_rank -}}{{- end -}}
 {{- if and (gt (float64 $kl) 0.0) (eq (int $lora) 0) -}}true{{- end -}}
 {{- else if $enabled -}}true{{- end -}}
+{{- end -}}
+
+{{/* "true" when the reference runs as its own service (a Deployment and Service): it is needed and
+     reference.placement is "service". With placement "trainer" (the default) it is a frozen copy in the trainer's
+     ranks (--reference local): no pod, no GPU of its own. */}}
+{{- define "fleetrl.referenceEnabled" -}}
+{{- if and (include "fleetrl.referenceNeeded" .) (eq (toString (default "trainer" .Values.reference.placement)) "service") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The trainer's --reference: the service's address, or `local` for the copy in the trainer's ranks. */}}
+{{- define "fleetrl.trainerReference" -}}
+{{- if include "fleetrl.referenceEnabled" . -}}{{ include "fleetrl.referenceAddress" . }}{{- else -}}local{{- end -}}
+{{- end -}}
+
+{{/* A reference service's dtype: the trainer's compute dtype, so the KL is of like with like (run.config
+     compute_dtype; auto is bfloat16 on a GPU trainer, else run.config.dtype, as the trainer resolves it). */}}
+{{- define "fleetrl.referenceDtype" -}}
+{{- $c := .Values.run.config -}}
+{{- $compute := toString (default "auto" $c.compute_dtype) -}}
+{{- if ne $compute "auto" -}}{{ $compute }}
+{{- else if gt (int (include "fleetrl.trainerGpus" .)) 0 -}}bfloat16
+{{- else -}}{{ default "float32" $c.dtype }}{{- end -}}
 {{- end -}}
 
 {{/* Addresses the services reach each other at (Service names; inference replicas by their pod names). */}}
