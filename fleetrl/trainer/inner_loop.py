@@ -38,6 +38,7 @@ from fleetrl.trainer.batching import (
 )
 from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
 from fleetrl.trainer.model import target_logprobs
+from fleetrl.trainer.varlen_attention import use_packed_attention
 
 REF_WAIT_TIMEOUT_S = 1800.0  # the reference client has its own deadline; this bounds the wait whatever it does
 AUTO_CHECKPOINT_TOKENS = 4096
@@ -121,6 +122,7 @@ class InnerLoop:
         self.reference_context = reference_context
         self.reference_model = reference_model
         self.packing: bool = getattr(cfg, "packing", False)
+        self.attention = str(getattr(getattr(model, "config", None), "_attn_implementation", ""))
         self.micro_batch_tokens: int | None = getattr(cfg, "micro_batch_tokens", None)
         self.chunk_tokens: int = getattr(cfg, "logprob_chunk_tokens", 0)
         self.checkpointing: bool | str = getattr(cfg, "gradient_checkpointing", False)
@@ -131,6 +133,10 @@ class InnerLoop:
         self.autocast_dtype: torch.dtype | None = (
             compute if compute != param_dtype and not ctx.enabled and param_dtype == torch.float32 else None
         )
+        if self.packing:  # variable-length attention: each sample of a packed row at its own length squared
+            for m in (model, reference_model):
+                if m is not None:
+                    self.attention = use_packed_attention(m, device)
         self.optimizer_steps = 0
         self.timers: dict[str, float] = {}
         """Seconds spent per phase since the last reset (fwd_bwd, optim, old_logprobs, ref_wait)."""

@@ -153,3 +153,47 @@ def test_chunked_logprobs_never_build_the_tokens_by_vocab_tensor(model):
     model.zero_grad(set_to_none=True)
     assert rows["full"] == tokens  # the full path builds [tokens, V]: the probe sees it
     assert rows["chunked"] == chunk  # forward and backward: one chunk's logits at a time
+
+
+class _SquareTensors(TorchDispatchMode):
+    """Whether an op produced a tensor with two trailing dimensions of `n` (an [n, n] attention mask or scores)."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+        self.seen = False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[-2:]) == (self.n, self.n):
+                self.seen = True
+        return out
+
+
+def test_variable_length_attention_matches_and_never_builds_a_row_by_row_tensor(tiny_model_dir, tmp_path):
+    from fleetrl.trainer.varlen_attention import VARLEN_SDPA, use_packed_attention
+
+    model = load_causal_lm(tiny_model_dir)
+    datums = _datums()[:4]
+    packed = pack([d.input_tokens for d in datums], [d.target_tokens for d in datums])
+    n = packed.num_tokens
+    assert n not in (model.config.hidden_size, model.config.intermediate_size, model.config.vocab_size)
+    with torch.no_grad(), _SquareTensors(n) as masked_probe:
+        masked, _ = packed_logprobs(model, packed, chunk_tokens=16)
+    assert masked_probe.seen  # sdpa over a packed row: an [N, N] block-diagonal mask
+    assert use_packed_attention(model, torch.device("cpu")) == VARLEN_SDPA
+    with _SquareTensors(n) as varlen_probe:
+        varlen, _ = packed_logprobs(model, packed, chunk_tokens=16)
+        varlen.sum().backward()
+    assert not varlen_probe.seen
+    assert torch.allclose(varlen, masked, atol=1e-5)
+    # The padded path (several rows, no position ids) still works under the new implementation.
+    batch = collate(datums)
+    with torch.no_grad():
+        padded, _ = target_logprobs(model, batch.input_tokens_BT, batch.target_tokens_BT)
+    real = batch.attention_mask_BT.bool()
+    assert torch.allclose(packed.to_padded(varlen.detach())[real], padded[real], atol=1e-5)
+    # The export names no fleetrl-only attention: replicas and users load it with their own.
+    model.save_pretrained(tmp_path / "export")
+    assert VARLEN_SDPA not in (tmp_path / "export" / "config.json").read_text()
