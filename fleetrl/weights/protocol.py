@@ -12,9 +12,9 @@ errors and the manifest are JSON, tensors are their raw bytes.
       [b"chunk", the same RANGE header, raw bytes of that range]
       [b"error", JSON {"reason": str, "message": str}]
 
-The publisher compares the token frame before it parses the JSON, caps every request frame at
-``publisher.MAX_REQUEST_BYTES`` (ZMQ_MAXMSGSIZE: a bigger one disconnects the peer) and answers any
-request it cannot serve with an error reply.
+The publisher (and a relay: both run ``fleetrl.weights.server``) compares the token frame before it
+parses the JSON, caps every request frame at ``server.MAX_REQUEST_BYTES`` (ZMQ_MAXMSGSIZE: a bigger
+one disconnects the peer) and answers any request it cannot serve with an error reply.
 
 A manifest request opens a session that pins its version until the receiver says done (or goes
 idle), so a fetch that started finishes even if newer versions are published meanwhile. The

@@ -1,26 +1,20 @@
 """The publishing end of the weight stream: ``WeightPublisher`` serves state dicts over ZeroMQ.
 
-The trainer calls ``publish(version, state_dict)``; a background thread answers any number of
-concurrent fetches (``fleetrl.weights.fetch``) following ``fleetrl.weights.protocol``. Tensor bytes
-are sent as memoryviews of the published snapshot with ``copy=False``.
-
-Requests come from anyone who can reach the port, so none may stop the serving loop: a request frame
-over ``MAX_REQUEST_BYTES`` makes ZeroMQ disconnect its peer, the token frame is compared before any
-JSON is parsed, and whatever goes wrong with one request is answered with an error (or dropped) and
-counted in ``counts``.
+The trainer calls ``publish(version, state_dict)``; the serving loop (``fleetrl.weights.server``, shared
+with the relay) answers any number of concurrent fetches (``fleetrl.weights.fetch``) following
+``fleetrl.weights.protocol``. Tensor bytes are sent as memoryviews of the published snapshot with
+``copy=False``. Requests come from anyone who can reach the port; the shared loop makes sure none
+stops it.
 """
 
 from __future__ import annotations
 
-import hmac
-import json
 import logging
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from secrets import token_bytes
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -29,15 +23,11 @@ import zmq
 
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
-from fleetrl.weights.protocol import PROTOCOL, RANGE, SESSION_ID_BYTES, error_frames
+from fleetrl.weights.server import MAX_REQUEST_BYTES, Refusal, Session, WeightStreamServer
+
+__all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
 
 logger = logging.getLogger(__name__)
-
-_POLL_MS = 100
-_MAX_SESSIONS = 1024
-MAX_REQUEST_BYTES = 64 << 10  # per frame (ZMQ_MAXMSGSIZE); requests are a few hundred bytes
-_MAX_REQUEST_FRAMES = 8  # the longest request has 4 frames (after the peer identity)
-_MAX_TOKEN_BYTES = 4096
 
 
 @dataclass
@@ -50,14 +40,7 @@ class _Snapshot:
     tensors: tuple[torch.Tensor, ...]
 
 
-@dataclass
-class _Session:
-    snapshot: _Snapshot
-    peer: bytes
-    last_seen: float = field(default_factory=time.monotonic)
-
-
-class WeightPublisher:
+class WeightPublisher(WeightStreamServer):
     """Serves the latest published weight versions to any number of concurrent receivers.
 
     ``publish`` snapshots a state dict (a contiguous CPU copy, so the trainer may keep updating
@@ -70,6 +53,8 @@ class WeightPublisher:
     and "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
     ``session_sweep_s``).
     """
+
+    name = "weight publisher"
 
     def __init__(
         self,
@@ -86,44 +71,18 @@ class WeightPublisher:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         if not isinstance(keep_versions, int) or keep_versions < 1:
             raise ValueError(f"keep_versions must be an int >= 1, got {keep_versions!r}")
-        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
-            raise ValueError("auth_token must be a non-empty string or None")
-        if session_timeout_s <= 0:
-            raise ValueError(f"session_timeout_s must be positive, got {session_timeout_s!r}")
-        if session_sweep_s <= 0:
-            raise ValueError(f"session_sweep_s must be positive, got {session_sweep_s!r}")
+        super().__init__(auth_token=auth_token, session_timeout_s=session_timeout_s, session_sweep_s=session_sweep_s)
         self.chunk_bytes = chunk_bytes
         self.keep_versions = keep_versions
-        self._bind = bind
-        self._auth_token = auth_token.encode() if auth_token is not None else None
-        self._session_timeout_s = session_timeout_s
-        self._session_sweep_s = session_sweep_s
         self._lock = threading.Lock()
         self._versions: OrderedDict[int, _Snapshot] = OrderedDict()  # guarded by _lock
-        self._sessions: dict[bytes, _Session] = {}  # serving thread only
         self._latest: int | None = None
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._failure: BaseException | None = None
         self._closed = False
-        self.counts: Counter[str] = Counter()  # written by the serving thread only
-        self.address = ""
-        self._context = zmq.Context(io_threads=1)
-        self._thread = threading.Thread(target=self._serve, name="fleetrl-weight-publisher", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(start_timeout_s):
-            self._stop.set()
-            raise WeightTransferError(
-                f"weight publisher did not bind {bind!r} within {start_timeout_s}s",
-                reason="publisher",
-            )
-        if self._failure is not None:
-            self._thread.join(start_timeout_s)
-            self._context.term()
+        try:
+            self._start_serving(bind, start_timeout_s, "fleetrl-weight-publisher")
+        except WeightTransferError:
             self._closed = True
-            raise WeightTransferError(
-                f"weight publisher cannot bind {bind!r}: {self._failure}", reason="publisher"
-            ) from self._failure
+            raise
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -181,17 +140,10 @@ class WeightPublisher:
         if self._closed:
             return
         self._closed = True
-        self._stop.set()
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            raise WeightTransferError(f"weight publisher loop did not stop within {timeout_s}s", reason="publisher")
-        self._context.term()
+        self._stop_serving(timeout_s)
         with self._lock:
             self._versions.clear()
-        if self._failure is not None:
-            raise WeightTransferError(
-                f"weight publisher serving loop failed: {self._failure!r}", reason="publisher"
-            ) from self._failure
+        self._raise_if_failed()
 
     def __enter__(self) -> WeightPublisher:
         return self
@@ -213,10 +165,7 @@ class WeightPublisher:
     # -- internals ----------------------------------------------------------------------------
 
     def _check_usable(self) -> None:
-        if self._failure is not None:
-            raise WeightTransferError(
-                f"weight publisher serving loop failed: {self._failure!r}", reason="publisher"
-            ) from self._failure
+        self._raise_if_failed()
         if self._closed:
             raise WeightTransferError("weight publisher is closed", reason="publisher")
 
@@ -263,172 +212,20 @@ class WeightPublisher:
             tensors=tuple(tensors),
         )
 
-    def _serve(self) -> None:
-        sock = self._context.socket(zmq.ROUTER)
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a vanished peer is an error, not a drop
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-            sock.bind(self._bind)
-            endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            self._failure = exc
-            self._ready.set()
-            return
-        self.address = endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
-        self._ready.set()
-        next_expiry = time.monotonic() + self._session_sweep_s
-        try:
-            while not self._stop.is_set():
-                if sock.poll(_POLL_MS, zmq.POLLIN):
-                    # Drain a bounded batch so that stop and expiry checks still run under load.
-                    for _ in range(256):
-                        try:
-                            frames = self._receive(sock)
-                        except zmq.Again:
-                            break
-                        self._handle_safely(sock, frames)
-                now = time.monotonic()
-                if now >= next_expiry:
-                    self._expire_sessions(now)
-                    next_expiry = now + self._session_sweep_s
-        except BaseException as exc:
-            logger.exception("weight publisher serving loop failed")
-            self._failure = exc
-        finally:
-            self._sessions.clear()
-            sock.close(linger=0)
+    # -- serving: the shared loop (fleetrl.weights.server) asks for these ---------------------
 
-    @staticmethod
-    def _receive(sock: zmq.Socket) -> list[bytes]:
-        """One request's frames (peer identity first); past ``_MAX_REQUEST_FRAMES`` + 1 they are let go."""
-        frame = sock.recv(zmq.NOBLOCK, copy=False)
-        frames = [frame.bytes]
-        while frame.more:
-            frame = sock.recv(copy=False)
-            if len(frames) <= _MAX_REQUEST_FRAMES + 1:  # the identity, the limit, one more to tell "too many"
-                frames.append(frame.bytes)
-        return frames
-
-    def _handle_safely(self, sock: zmq.Socket, frames: list[bytes]) -> None:
-        """Handle one request; nothing a peer sends may stop the loop: a failure is logged, counted, answered."""
-        try:
-            self._handle(sock, frames)
-        except zmq.ContextTerminated:
-            raise
-        except Exception as exc:
-            logger.warning("weight publisher: a request failed (%d frames): %r", len(frames), exc)
-            self._refuse(sock, frames[0], "internal", f"the request failed: {type(exc).__name__}")
-
-    def _refuse(self, sock: zmq.Socket, peer: bytes, reason: str, message: str) -> None:
-        self.counts[f"requests_refused/{reason}"] += 1
-        try:
-            self._send(sock, peer, error_frames(reason, message))
-        except zmq.ContextTerminated:
-            raise
-        except zmq.ZMQError as exc:  # an unroutable or odd peer: its reply is dropped
-            logger.warning("weight publisher: could not answer a refused request: %s", exc)
-
-    def _send(self, sock: zmq.Socket, peer: bytes, frames: list[Any]) -> bool:
-        try:
-            sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:
-            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise
-            logger.warning("weight publisher: dropping reply to a receiver: %s", exc)
-            for session_id in [s for s, v in self._sessions.items() if v.peer == peer]:
-                del self._sessions[session_id]
-            return False
-        return True
-
-    def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
-        peer, body = frames[0], frames[1:]
-        self.counts["requests"] += 1
-        if len(body) < 2 or len(body) > _MAX_REQUEST_FRAMES or body[0] != PROTOCOL:
-            self._refuse(sock, peer, "protocol", f"expected {PROTOCOL!r} requests")
-            return
-        op, args = body[1], body[2:]
-        if op == b"chunk":
-            self._serve_chunk(sock, peer, args)
-        elif op == b"manifest":
-            self._serve_manifest(sock, peer, args)
-        elif op == b"done":
-            session = self._sessions.get(args[0]) if len(args) == 1 else None
-            if session is not None and session.peer == peer:
-                del self._sessions[args[0]]
-        else:
-            self._refuse(sock, peer, "protocol", f"unknown request {op[:64]!r}")
-
-    def _token_ok(self, token: bytes) -> bool:
-        if self._auth_token is None:
-            return True
-        return len(token) <= _MAX_TOKEN_BYTES and hmac.compare_digest(token, self._auth_token)
-
-    def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
-        if len(args) != 2:
-            self._refuse(sock, peer, "protocol", "bad manifest request: expected [token, JSON request] frames")
-            return
-        token, request_json = args
-        if not self._token_ok(token):  # before parsing anything the peer sent
-            what = "a wrong auth token" if token else "no auth token"
-            logger.warning("weight publisher: refused a fetch with %s", what)
-            message = f"the weight publisher requires an auth token and the fetch sent {what}"
-            self._refuse(sock, peer, "auth", message)
-            return
-        try:
-            request = json.loads(request_json)
-            version = request["version"]
-            if not isinstance(version, int) or isinstance(version, bool):
-                raise TypeError("version is not an int")
-        except (KeyError, TypeError, ValueError, RecursionError) as exc:
-            self._refuse(sock, peer, "protocol", f"bad manifest request: {str(exc)[:200]}")
-            return
+    def _open_session(self, version: int) -> tuple[Manifest, bytes, Any]:
         with self._lock:
             snapshot = self._versions.get(version)
             available = list(self._versions)
         if snapshot is None:
             message = f"weight version {version} is not available; the publisher has {available}"
-            self._refuse(sock, peer, "unknown_version", message)
-            return
-        if len(self._sessions) >= _MAX_SESSIONS:
-            message = f"the weight publisher has {_MAX_SESSIONS} fetches open; try again later"
-            self._refuse(sock, peer, "busy", message)
-            return
-        session_id = token_bytes(SESSION_ID_BYTES)
-        self._sessions[session_id] = _Session(snapshot, peer)
-        transfer = json.dumps({"chunk_bytes": self.chunk_bytes}).encode()
-        self._send(sock, peer, [b"manifest", session_id, transfer, snapshot.manifest_bytes])
-        self.counts["manifests_served"] += 1
-        logger.debug("weight publisher: serving version %d to a receiver", version)
+            raise Refusal("unknown_version", message)
+        return snapshot.manifest, snapshot.manifest_bytes, snapshot
 
-    def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
-        if len(args) != 2 or len(args[1]) != RANGE.size:
-            self._refuse(sock, peer, "protocol", "bad chunk request")
-            return
-        session = self._sessions.get(args[0])
-        if session is None or session.peer != peer:
-            message = "unknown or expired fetch session (ask for the manifest again)"
-            self._refuse(sock, peer, "unknown_session", message)
-            return
-        tensor_index, start, stop = RANGE.unpack(args[1])
-        tensors = session.snapshot.manifest.tensors
-        if not (
-            tensor_index < len(tensors)
-            and start < stop <= tensors[tensor_index].nbytes
-            and stop - start <= self.chunk_bytes
-        ):
-            message = f"bad chunk request: tensor {tensor_index} bytes [{start}, {stop})"
-            self._refuse(sock, peer, "protocol", message)
-            return
-        session.last_seen = time.monotonic()
-        payload = self._chunk_payload(session.snapshot, tensor_index, start, stop)
-        self._send(sock, peer, [b"chunk", args[1], payload])
-        self.counts["bytes_served"] += stop - start
-
-    def _expire_sessions(self, now: float) -> None:
-        expired = [s for s, v in self._sessions.items() if now - v.last_seen > self._session_timeout_s]
-        for session_id in expired:
-            logger.info("weight publisher: dropping a fetch session idle for too long")
-            del self._sessions[session_id]
-            self.counts["sessions_expired"] += 1
+    def _answer_chunk(
+        self, sock: zmq.Socket, peer: bytes, session: Session, header: bytes, tensor_index: int, start: int, stop: int
+    ) -> None:
+        payload = self._chunk_payload(session.source, tensor_index, start, stop)
+        if self._send(sock, peer, [b"chunk", header, payload]):
+            self.counts["bytes_served"] += stop - start

@@ -28,16 +28,13 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import hmac
-import json
 import logging
 import os
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from secrets import token_bytes
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -47,17 +44,12 @@ import zmq
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.fetch import WeightStream
 from fleetrl.weights.manifest import Chunk, Manifest, encode_manifest, plan_chunks
-from fleetrl.weights.protocol import PROTOCOL, RANGE, SESSION_ID_BYTES, error_frames
-from fleetrl.weights.publisher import MAX_REQUEST_BYTES
+from fleetrl.weights.server import Refusal, Session, WeightStreamServer
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_BYTES = 4 << 20  # a hop's pipelining grain: ~34 ms at 1 Gbit/s
-_POLL_MS = 100
-_MAX_SESSIONS = 1024
 _MAX_PENDING = 8192  # chunk requests waiting for their bytes, all peers together
-_MAX_REQUEST_FRAMES = 8
-_MAX_TOKEN_BYTES = 4096
 
 
 class _UpstreamFetch(WeightStream):
@@ -97,13 +89,7 @@ class _Pending:
     since: float
 
 
-@dataclass
-class _Session:
-    peer: bytes
-    last_seen: float = field(default_factory=time.monotonic)
-
-
-class WeightRelay:
+class WeightRelay(WeightStreamServer):
     """Fetches ``version`` from ``upstream_address`` and serves it on ``bind`` while it arrives.
 
     The constructor fetches the manifest (WeightTransferError if the upstream refuses or does not
@@ -114,9 +100,12 @@ class WeightRelay:
     local consumer waiting for bytes; one still waiting after twice that long without upstream
     progress (a backstop) gets a timeout of its own.
 
-    ``counts`` (written by the serving thread): "requests", "chunks_served", "chunks_deferred"
-    (answered later, when their bytes arrived), "requests_refused/<reason>", "sessions_expired".
+    ``counts`` (written by the serving thread): "requests", "manifests_served", "chunks_served",
+    "chunks_deferred" (answered later, when their bytes arrived), "requests_refused/<reason>",
+    "sessions_expired". The serving loop is the publisher's (``fleetrl.weights.server``).
     """
+
+    name = "weight relay"
 
     def __init__(
         self,
@@ -132,18 +121,10 @@ class WeightRelay:
     ) -> None:
         if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-        if auth_token is not None and (not isinstance(auth_token, str) or not auth_token):
-            raise ValueError("auth_token must be a non-empty string or None")
-        if not session_timeout_s > 0:
-            raise ValueError(f"session_timeout_s must be positive, got {session_timeout_s!r}")
+        super().__init__(auth_token=auth_token, session_timeout_s=session_timeout_s, session_sweep_s=1.0)
         self.upstream_address = upstream_address
         self.version = version
         self.timeout_s = float(timeout_s)
-        self.address = ""
-        self.counts: Counter[str] = Counter()
-        self._auth_token = auth_token.encode() if auth_token is not None else None
-        self._session_timeout_s = session_timeout_s
-        self._bind = bind
         # Shared between the upstream thread, the serving thread and consumers; guarded by _cond.
         self._cond = threading.Condition()
         self._verified: list[tuple[str, torch.Tensor]] = []
@@ -151,10 +132,6 @@ class WeightRelay:
         self._failure: WeightTransferError | None = None
         self._closed = False
         self._last_progress = time.monotonic()
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._serve_failure: BaseException | None = None
-        self._sessions: dict[bytes, _Session] = {}  # serving thread only
         self._pending: dict[bytes, deque[_Pending]] = {}  # serving thread only
         self._pending_count = 0
         # Fetch the manifest first (raises at once for a refusal), then serve it.
@@ -176,21 +153,14 @@ class WeightRelay:
         self._wake_read, self._wake_write = os.pipe()
         os.set_blocking(self._wake_read, False)
         os.set_blocking(self._wake_write, False)
-        self._context = zmq.Context(io_threads=1)
-        self._serve_thread = threading.Thread(target=self._serve, name="fleetrl-weight-relay", daemon=True)
         self._fetch_thread = threading.Thread(target=self._fetch, name="fleetrl-weight-relay-fetch", daemon=True)
-        self._serve_thread.start()
-        if not self._ready.wait(start_timeout_s) or self._serve_failure is not None:
-            self._stop.set()
-            self._serve_thread.join(start_timeout_s)
+        try:
+            self._start_serving(bind, start_timeout_s, "fleetrl-weight-relay")
+        except WeightTransferError:
             self._upstream.close()
             os.close(self._wake_write)
-            if not self._serve_thread.is_alive():
-                self._context.term()
             self._closed = True
-            raise WeightTransferError(
-                f"weight relay cannot bind {bind!r}: {self._serve_failure or 'timed out'}", reason="publisher"
-            ) from self._serve_failure
+            raise
         self._fetch_thread.start()
 
     # -- the local consumer -------------------------------------------------------------------
@@ -266,21 +236,14 @@ class WeightRelay:
                 return
             self._closed = True
             self._cond.notify_all()
-        self._stop.set()
-        self._serve_thread.join(timeout_s)
-        if self._serve_thread.is_alive():
-            raise WeightTransferError(f"weight relay loop did not stop within {timeout_s}s", reason="publisher")
-        self._context.term()
+        self._stop_serving(timeout_s)
         # The fetch thread uses no socket of this context; one still waiting upstream ends by itself
         # at its next tensor or timeout.
         self._fetch_thread.join(min(timeout_s, 1.0))
         with self._cond:
             self._verified.clear()
             self._pieces = [[] for _ in self.manifest.tensors]
-        if self._serve_failure is not None:
-            raise WeightTransferError(
-                f"weight relay serving loop failed: {self._serve_failure!r}", reason="publisher"
-            ) from self._serve_failure
+        self._raise_if_failed()
 
     def __enter__(self) -> WeightRelay:
         return self
@@ -365,86 +328,24 @@ class WeightRelay:
                 parts.append(data[max(start, piece_start) - piece_start : min(stop, piece_stop) - piece_start])
             return b"".join(parts)
 
-    def _serve(self) -> None:
-        sock = self._context.socket(zmq.ROUTER)
-        try:
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
-            sock.bind(self._bind)
-            endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            os.close(self._wake_read)
-            self._serve_failure = exc
-            self._ready.set()
-            return
-        self.address = endpoint.replace("//0.0.0.0:", "//127.0.0.1:").replace("//[::]:", "//[::1]:")
-        self._ready.set()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_read, zmq.POLLIN)
-        next_sweep = time.monotonic() + 1.0
-        try:
-            while not self._stop.is_set():
-                events = dict(poller.poll(_POLL_MS))
-                if self._wake_read in events:
-                    self._drain_wakes()
-                if sock in events:
-                    for _ in range(256):
-                        try:
-                            frames = _receive(sock)
-                        except zmq.Again:
-                            break
-                        self._handle_safely(sock, frames)
-                now = time.monotonic()
-                for peer in list(self._pending):
-                    self._flush(sock, peer, now, deferred=True)
-                if now >= next_sweep:
-                    self._expire_sessions(now)
-                    next_sweep = now + 1.0
-        except BaseException as exc:
-            logger.exception("weight relay serving loop failed")
-            self._serve_failure = exc
-        finally:
-            self._sessions.clear()
-            self._pending.clear()
-            sock.close(linger=0)
-            os.close(self._wake_read)
+    def _wake_fd(self) -> int | None:
+        return self._wake_read
 
-    def _drain_wakes(self) -> None:
+    def _on_wake(self) -> None:
         with contextlib.suppress(BlockingIOError):
             while os.read(self._wake_read, 4096):
                 pass
 
-    def _handle_safely(self, sock: zmq.Socket, frames: list[bytes]) -> None:
-        try:
-            self._handle(sock, frames)
-        except zmq.ContextTerminated:
-            raise
-        except Exception as exc:
-            logger.warning("weight relay: a request failed (%d frames): %r", len(frames), exc)
-            self._refuse(sock, frames[0], "internal", f"the request failed: {type(exc).__name__}")
+    def _on_tick(self, sock: zmq.Socket, now: float) -> None:
+        for peer in list(self._pending):
+            self._flush(sock, peer, now, deferred=True)
 
-    def _refuse(self, sock: zmq.Socket, peer: bytes, reason: str, message: str) -> None:
-        self.counts[f"requests_refused/{reason}"] += 1
-        self._send(sock, peer, error_frames(reason, message))
-
-    def _send(self, sock: zmq.Socket, peer: bytes, frames: list[Any]) -> bool:
-        try:
-            sock.send_multipart([peer, *frames], flags=zmq.NOBLOCK, copy=False)
-        except zmq.ZMQError as exc:
-            if exc.errno not in (zmq.EHOSTUNREACH, zmq.EAGAIN):
-                raise
-            logger.warning("weight relay: dropping a reply to a receiver: %s", exc)
-            self._drop_peer(peer)
-            return False
-        return True
-
-    def _drop_peer(self, peer: bytes) -> None:
-        for session_id in [s for s, v in self._sessions.items() if v.peer == peer]:
-            del self._sessions[session_id]
+    def _forget_peer(self, peer: bytes) -> None:
         self._pending_count -= len(self._pending.pop(peer, ()))
+
+    def _serve_finished(self) -> None:
+        self._pending.clear()
+        os.close(self._wake_read)
 
     def _upstream_failure(self) -> WeightTransferError | None:
         with self._cond:
@@ -454,83 +355,25 @@ class WeightRelay:
         message = f"weight relay at {self.address} lost its upstream {self.upstream_address}: {failure}"
         self._refuse(sock, peer, failure.reason, message)
 
-    def _handle(self, sock: zmq.Socket, frames: list[bytes]) -> None:
-        peer, body = frames[0], frames[1:]
-        self.counts["requests"] += 1
-        if len(body) < 2 or len(body) > _MAX_REQUEST_FRAMES or body[0] != PROTOCOL:
-            self._refuse(sock, peer, "protocol", f"expected {PROTOCOL!r} requests")
-            return
-        op, args = body[1], body[2:]
-        if op == b"chunk":
-            self._serve_chunk(sock, peer, args)
-        elif op == b"manifest":
-            self._serve_manifest(sock, peer, args)
-        elif op == b"done":
-            session = self._sessions.get(args[0]) if len(args) == 1 else None
-            if session is not None and session.peer == peer:
-                del self._sessions[args[0]]
-                self._pending_count -= len(self._pending.pop(peer, ()))
-        else:
-            self._refuse(sock, peer, "protocol", f"unknown request {op[:64]!r}")
-
-    def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
-        if len(args) != 2:
-            self._refuse(sock, peer, "protocol", "bad manifest request: expected [token, JSON request] frames")
-            return
-        token, request_json = args
-        if self._auth_token is not None and not (
-            len(token) <= _MAX_TOKEN_BYTES and hmac.compare_digest(token, self._auth_token)
-        ):
-            what = "a wrong auth token" if token else "no auth token"
-            self._refuse(sock, peer, "auth", f"the weight relay requires an auth token and the fetch sent {what}")
-            return
-        try:
-            version = json.loads(request_json)["version"]
-            if not isinstance(version, int) or isinstance(version, bool):
-                raise TypeError("version is not an int")
-        except (KeyError, TypeError, ValueError, RecursionError) as exc:
-            self._refuse(sock, peer, "protocol", f"bad manifest request: {str(exc)[:200]}")
-            return
+    def _open_session(self, version: int) -> tuple[Manifest, bytes, Any]:
         if version != self.version:
             message = f"weight version {version} is not available; the relay has [{self.version}]"
-            self._refuse(sock, peer, "unknown_version", message)
-            return
+            raise Refusal("unknown_version", message)
         failure = self._upstream_failure()
         if failure is not None:
-            self._refuse_failed(sock, peer, failure)
-            return
-        if len(self._sessions) >= _MAX_SESSIONS:
-            self._refuse(sock, peer, "busy", f"the weight relay has {_MAX_SESSIONS} fetches open; try again later")
-            return
-        session_id = token_bytes(SESSION_ID_BYTES)
-        self._sessions[session_id] = _Session(peer)
-        transfer = json.dumps({"chunk_bytes": self.chunk_bytes}).encode()
-        self._send(sock, peer, [b"manifest", session_id, transfer, self._manifest_bytes])
+            message = f"weight relay at {self.address} lost its upstream {self.upstream_address}: {failure}"
+            raise Refusal(failure.reason, message)
+        return self.manifest, self._manifest_bytes, None
 
-    def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
-        if len(args) != 2 or len(args[1]) != RANGE.size:
-            self._refuse(sock, peer, "protocol", "bad chunk request")
-            return
-        session = self._sessions.get(args[0])
-        if session is None or session.peer != peer:
-            self._refuse(sock, peer, "unknown_session", "unknown or expired fetch session (ask for the manifest again)")
-            return
-        tensor_index, start, stop = RANGE.unpack(args[1])
-        tensors = self.manifest.tensors
-        if not (
-            tensor_index < len(tensors)
-            and start < stop <= tensors[tensor_index].nbytes
-            and stop - start <= self.chunk_bytes
-        ):
-            self._refuse(sock, peer, "protocol", f"bad chunk request: tensor {tensor_index} bytes [{start}, {stop})")
-            return
+    def _answer_chunk(
+        self, sock: zmq.Socket, peer: bytes, session: Session, header: bytes, tensor_index: int, start: int, stop: int
+    ) -> None:
         if self._pending_count >= _MAX_PENDING:
             self._refuse(sock, peer, "busy", "the weight relay has too many chunk requests waiting; try again later")
             return
         now = time.monotonic()
-        session.last_seen = now
         # Replies go out in request order: behind any request of this peer still waiting.
-        self._pending.setdefault(peer, deque()).append(_Pending(args[1], tensor_index, start, stop, now))
+        self._pending.setdefault(peer, deque()).append(_Pending(header, tensor_index, start, stop, now))
         self._pending_count += 1
         self._flush(sock, peer, now, deferred=False)
 
@@ -567,21 +410,3 @@ class WeightRelay:
             if not self._send(sock, peer, [b"chunk", request.header, payload]):
                 return
         self._pending.pop(peer, None)
-
-    def _expire_sessions(self, now: float) -> None:
-        expired = [s for s, v in self._sessions.items() if now - v.last_seen > self._session_timeout_s]
-        for session_id in expired:
-            peer = self._sessions.pop(session_id).peer
-            self._pending_count -= len(self._pending.pop(peer, ()))
-            self.counts["sessions_expired"] += 1
-
-
-def _receive(sock: zmq.Socket) -> list[bytes]:
-    """One request's frames (peer identity first); past ``_MAX_REQUEST_FRAMES`` + 1 they are let go."""
-    frame = sock.recv(zmq.NOBLOCK, copy=False)
-    frames = [frame.bytes]
-    while frame.more:
-        frame = sock.recv(copy=False)
-        if len(frames) <= _MAX_REQUEST_FRAMES + 1:
-            frames.append(frame.bytes)
-    return frames

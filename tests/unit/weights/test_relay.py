@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import threading
 from typing import Any
 
@@ -396,3 +397,31 @@ def test_binding_a_taken_address_is_a_clear_error(publisher):
     assert info.value.reason == "publisher"
     with _relay(publisher.address) as relay:  # the publisher is unharmed
         relay.wait(timeout_s=30)
+
+
+class _UnanswerableRelay(WeightRelay):
+    """Error replies fail with a ZeroMQ error other than "unreachable" (the publisher's refusal path drops them)."""
+
+    def _send(self, sock: Any, peer: bytes, frames: list[Any]) -> bool:
+        if frames and frames[0] == b"error":
+            raise zmq.ZMQError(errno.ENOBUFS)
+        return super()._send(sock, peer, frames)
+
+
+def test_a_refusal_that_cannot_be_sent_is_dropped_and_the_relay_keeps_serving(publisher):
+    sd = _state_dict()
+    publisher.publish(1, sd)
+    relay = _UnanswerableRelay(publisher.address, 1, timeout_s=10, chunk_bytes=PIECE)
+    try:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(relay.address)
+        try:
+            sock.send_multipart([b"nope", b"manifest"])  # refused; its reply fails to send
+            wait_until(lambda: relay.counts["requests_refused/protocol"] == 1, 30, "the refusal")
+        finally:
+            sock.close()
+        _, tensors = fetch_weights(relay.address, 1, timeout_s=10)  # before: the serving loop had died
+        _assert_bit_exact(tensors, sd)
+    finally:
+        relay.close()  # before: raised "weight relay serving loop failed: ZMQError"
