@@ -48,7 +48,9 @@ class TrainerState:
     optimizer_steps: int = 0  # inner-loop steps (num_minibatches per batch)
     published_version: int = -1
     data_position: Any = None  # opaque JSON from the coordinator (e.g. the dataset cursor)
-    trained_row_ids: list[int] = field(default_factory=list)
+    # The trained rows as `RowIdSet.to_json()` ({"floor", "ranges"}): bounded, not one entry per row of the run.
+    trained_rows: dict[str, Any] = field(default_factory=dict)
+    trained_row_ids: list[int] = field(default_factory=list)  # checkpoints written before trained_rows; read only
     scheduler: dict[str, Any] = field(default_factory=dict)
     base_model: str = ""
 

@@ -52,6 +52,7 @@ from fleetrl.trainer.checkpoint import (
 from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, PendingRef, resolve_compute_dtype
 from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
+from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
 
 logger = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class PolicyTrainer:
             reference_model=self.reference_model,
         )
         self.state = TrainerState(base_model=cfg.base_model)
-        self._trained_rows: set[int] = set()
+        self._trained_rows = RowIdSet()
         self._results: dict[int, StepResult] = {}
         self.last_publish: PublishInfo | None = None
         self._ref_forward_time = 0.0
@@ -225,8 +226,9 @@ class PolicyTrainer:
         return self.state.steps_done
 
     @property
-    def trained_row_ids(self) -> frozenset[int]:
-        return frozenset(self._trained_rows)
+    def trained_row_count(self) -> int:
+        """Rows trained (or skipped) and still remembered one by one (see fleetrl.trainer.row_set)."""
+        return len(self._trained_rows)
 
     def is_trained(self, row_id: int) -> bool:
         return row_id in self._trained_rows
@@ -516,7 +518,7 @@ class PolicyTrainer:
             assert batch is not None
             self._trained_rows.update(batch.row_ids)
             self._trained_rows.update(batch.skipped_row_ids)
-            self.state.trained_row_ids = sorted(self._trained_rows)
+            self.state.trained_rows = self._trained_rows.to_json()
             result.row_ids, result.skipped_row_ids = batch.row_ids, batch.skipped_row_ids
             metrics.update(batch.stats)
             tokens = sum(header["lengths"]) - len(header["lengths"])
@@ -641,7 +643,9 @@ class PolicyTrainer:
             ctx=self.ctx,
             trainable_only=self.cfg.lora,
         )
-        self._trained_rows = set(self.state.trained_row_ids)
+        self._trained_rows = RowIdSet.from_json(self.state.trained_rows)
+        self._trained_rows.update(self.state.trained_row_ids)  # a checkpoint from before trained_rows
+        self.state.trained_row_ids = []
         self._results.clear()
         self.last_publish = None
         return True

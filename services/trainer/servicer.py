@@ -134,7 +134,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             weights_address=s.weights_address,
             groups_address=s.groups_address,
             buffered_groups=len(s.buffer),
-            trained_rows=len(s.trainer.trained_row_ids),
+            trained_rows=s.trainer.trained_row_count,
             samples_dropped=counts.get("samples_dropped", 0),
             last_metrics=last.metrics if last else {},
             world_size=s.trainer.ctx.world_size,

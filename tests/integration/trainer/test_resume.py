@@ -72,4 +72,6 @@ def test_resume_continues_exactly_like_a_straight_run(tiny_model_dir, tmp_path):
     samples = [json.loads(line) for line in (straight / "samples.jsonl").read_text().splitlines()]
     assert sorted({s["step"] for s in samples}) == [2, 4] and all(s["completion"] for s in samples)
     state = json.loads((resumed / "checkpoints" / "step-00000005" / "trainer_state.json").read_text())
-    assert state["data_position"]["groups_consumed"] == 10 and len(state["trained_row_ids"]) == 10
+    assert (
+        state["data_position"]["groups_consumed"] == 10 and sum(e - s for s, e in state["trained_rows"]["ranges"]) == 10
+    )

@@ -58,7 +58,7 @@ def test_resume_after_the_trainer_is_killed(tmp_path, tiny_model_dir):
     assert len(trained) == 16 and all(ledger[r]["trained_count"] == 1 for r in trained)
     assert sorted({ledger[r]["step"] for r in trained}) == list(range(1, 9))
     final_state = json.loads((latest_checkpoint(run_dir / "checkpoints") / STATE_FILE).read_text())
-    assert final_state["steps_done"] == 8 and sorted(final_state["trained_row_ids"]) == trained
+    assert final_state["steps_done"] == 8 and _ids(final_state["trained_rows"]) == trained
 
 
 def test_resume_without_a_checkpoint_refuses_unless_the_weights_may_restart(tmp_path, tiny_model_dir):
@@ -131,3 +131,9 @@ def test_ctrl_c_saves_the_last_step_and_resume_loses_nothing(tmp_path, tiny_mode
     ledger = Journal(run_dir / "controller.sqlite").rows()
     trained = [r for r, info in ledger.items() if info["status"] == "trained"]
     assert len(trained) == 10 and all(ledger[r]["trained_count"] == 1 for r in trained)
+
+
+def _ids(trained_rows: dict) -> list[int]:
+    """The row ids of a checkpoint's `trained_rows` (RowIdSet.to_json: ranges above a floor, here 0)."""
+    assert trained_rows["floor"] == 0
+    return [i for start, end in trained_rows["ranges"] for i in range(start, end)]
