@@ -275,6 +275,35 @@ def test_the_reference_service_runs_on_the_device_and_dtype_from_the_env():
     assert device["device_ids"] == ["3"]
 
 
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_default_cpu_stack_trains_with_the_reference_in_the_trainer(tmp_path: Path, tiny_model_dir: str):
+    """Profile cpu as shipped (FLEETRL_REFERENCE unset: local), kl_beta > 0: no reference container runs, the
+    controller's healthcheck skips the absent reference, and the trainer's own copy gives the KL term."""
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    (config_dir / "run.toml").write_text(tiny_run_toml(max_steps=2, kl_beta=0.05))
+    write_rows(config_dir / "rows.jsonl", 12)
+    env = {
+        "FLEETRL_AUTH_TOKEN": TOKEN,
+        "FLEETRL_CONFIG_DIR": str(config_dir),
+        "FLEETRL_MODEL_DIR": tiny_model_dir,
+        "FLEETRL_ENGINE": "hf",
+        # A rollout whose rewards differ within a group: the policy moves, so the step-2 KL is above 0.
+        "FLEETRL_ROLLOUT": "tests.integration.up.rollouts:make_rollout_fn",
+        "FLEETRL_METRICS_LINGER_S": "0",
+    }
+    services = compose_services(COMPOSE_FILE, env, {"cpu"}, tmp_path)
+    assert sorted(s.role for s in services) == ["controller", "gateway", "inference", "trainer"]
+    with LocalStack(services, tmp_path) as stack:
+        stack.start(health_timeout_s=240)
+        assert stack.wait_exit("controller", timeout_s=300) == 0, stack.all_log_tails()
+    run_dir = tmp_path / "volumes" / "fleetrl-run"
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2]
+    assert lines[-1]["train/kl_ref"] > 0  # the policy moved away from the trainer's frozen copy
+
+
 # --- The prompt rows: FLEETRL_ROWS, FLEETRL_DATA_DIR, docker-compose.rows-url.yml ------------------------------
 
 ROWS_URL_FILE = REPO / "docker-compose.rows-url.yml"
