@@ -595,6 +595,10 @@ class PolicyTrainer:
 
     def _do_publish(self) -> PublishInfo:
         if self.last_publish is not None and self.last_publish.version == self.version:
+            staged = getattr(self, "_staged_publish", None)
+            if not self.last_publish.checksum and staged is not None:  # staged beside the step: its checksum now
+                checksum = staged.result(timeout=3600.0).checksum  # a local cast and checksums: minutes at most
+                self.last_publish = PublishInfo(self.version, self.last_publish.seconds, checksum)
             return self.last_publish
         started = time.perf_counter()
         checksum = ""
@@ -608,9 +612,13 @@ class PolicyTrainer:
             sink_kwargs = {}
             if self.cfg.inference_dtype not in (None, self.cfg.dtype):  # cast in the publisher's snapshot copy
                 sink_kwargs["float_dtype"] = torch_dtype(self.cfg.inference_dtype)
+        self._staged_publish = None
         if self.ctx.is_main and self.weight_sink is not None:
             manifest = self.weight_sink(self.version, state_dict, **sink_kwargs)
-            checksum = str(getattr(manifest, "checksum", "") or "")
+            if isinstance(manifest, Future):  # WeightPublisher.publish(background=True): cast, hashed, served later
+                self._staged_publish = manifest
+            else:
+                checksum = str(getattr(manifest, "checksum", "") or "")
         del state_dict
         info = PublishInfo(self.version, time.perf_counter() - started, checksum)
         self.last_publish = info

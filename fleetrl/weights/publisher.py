@@ -13,7 +13,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -23,11 +25,15 @@ import zmq
 
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
-from fleetrl.weights.server import MAX_REQUEST_BYTES, Refusal, Session, WeightStreamServer
+from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
+from fleetrl.weights.staging import HostStaging
+from fleetrl.weights.timeouts import transfer_timeout_s
 
 __all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
 
 logger = logging.getLogger(__name__)
+
+_STAGE_TIMEOUT_S = 300.0  # the floor of a wait for the previous version's staging (plus its bytes at 100 MB/s)
 
 
 @dataclass
@@ -49,9 +55,15 @@ class WeightPublisher(WeightStreamServer):
     as WeightTransferError by the next ``publish`` or ``close``. With ``auth_token`` set, a fetch
     without that token is refused. ``counts`` (``snapshot_counts()``): "requests" handled,
     "manifests_served" (fetches begun), "bytes_served" (tensor bytes sent),
-    "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal)
-    and "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
-    ``session_sweep_s``).
+    "requests_refused/<reason>" (protocol, auth, unknown_version, unknown_session, busy, internal),
+    "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
+    ``session_sweep_s``) and "manifests_deferred" (fetches that asked for a version still being staged).
+
+    ``publish(..., background=True)`` returns once the state dict is copied into reused host buffers
+    (``fleetrl.weights.staging``) and casts, hashes and serves it in a background thread: the version
+    is fetchable at once (a fetch of it waits until it is ready) and the returned Future gives its
+    manifest. Memory: the served versions (``keep_versions``) plus one staged version in the reused
+    buffers; a publish while the previous version is still being staged waits for it first.
     """
 
     name = "weight publisher"
@@ -78,6 +90,13 @@ class WeightPublisher(WeightStreamServer):
         self._versions: OrderedDict[int, _Snapshot] = OrderedDict()  # guarded by _lock
         self._latest: int | None = None
         self._closed = False
+        # Background publishing: one staged version at a time (guarded by _lock where the loop reads it).
+        self._staging = HostStaging()
+        self._stager: ThreadPoolExecutor | None = None
+        self._staged: Future[Manifest] | None = None
+        self._staging_version: int | None = None
+        self._failed_stage: tuple[int, BaseException] | None = None
+        self.stage_waits = 0  # publishes that waited for the previous version's staging to finish
         try:
             self._start_serving(bind, start_timeout_s, "fleetrl-weight-publisher")
         except WeightTransferError:
@@ -92,6 +111,17 @@ class WeightPublisher(WeightStreamServer):
         with self._lock:
             return tuple(self._versions)
 
+    @property
+    def staged_version(self) -> int | None:
+        """The version being cast and hashed in the background (fetches of it wait), or None."""
+        with self._lock:
+            return self._staging_version
+
+    @property
+    def staging_allocations(self) -> int:
+        """How many times the staging buffers were allocated (once while the tensors' sizes stay the same)."""
+        return self._staging.allocations
+
     def snapshot_counts(self) -> dict[str, int]:
         """A copy of the request counters."""
         return dict(self.counts)
@@ -103,18 +133,25 @@ class WeightPublisher(WeightStreamServer):
         *,
         adapter: Mapping[str, Any] | None = None,
         float_dtype: torch.dtype | None = None,
-    ) -> Manifest:
+        background: bool = False,
+    ) -> Any:
         """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it.
 
         ``adapter``: for a LoRA run, the PEFT adapter config; ``state_dict`` then holds only the
         adapter's tensors (see ``Manifest.adapter``). ``float_dtype``: floating tensors are cast to it in
         the snapshot copy (the dtype the replicas serve; None keeps each tensor's own).
+
+        Returns the Manifest; with ``background``, a Future of it: the call returns once the tensors
+        are copied into the reused staging buffers (the caller may change them from then on), and the
+        cast, the checksums and serving follow in a background thread (see the class docstring).
         """
         self._check_usable()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ValueError(f"weight version must be a non-negative int, got {version!r}")
         if self._latest is not None and version <= self._latest:
             raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
+        if background:
+            return self._stage(version, state_dict, adapter, float_dtype)
         started = time.perf_counter()
         snapshot = self._snapshot(version, state_dict, adapter, float_dtype)
         with self._lock:
@@ -140,6 +177,8 @@ class WeightPublisher(WeightStreamServer):
         if self._closed:
             return
         self._closed = True
+        if self._stager is not None:  # a version being staged finishes first (its Future is someone's)
+            self._stager.shutdown(wait=True)
         self._stop_serving(timeout_s)
         with self._lock:
             self._versions.clear()
@@ -176,23 +215,7 @@ class WeightPublisher(WeightStreamServer):
         adapter: Mapping[str, Any] | None = None,
         float_dtype: torch.dtype | None = None,
     ) -> _Snapshot:
-        if not isinstance(state_dict, Mapping):
-            raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
-        for name, tensor in state_dict.items():
-            if not isinstance(name, str):
-                raise TypeError(f"state dict keys must be strings, got {name!r}")
-            if not isinstance(tensor, torch.Tensor):
-                raise TypeError(f"state dict entry {name!r} is a {type(tensor).__name__}")
-            if tensor.layout != torch.strided:
-                raise ValueError(f"tensor {name!r} has layout {tensor.layout}; only dense travels")
-            try:
-                dtype_name(tensor.dtype)
-            except ValueError as exc:
-                raise ValueError(f"tensor {name!r}: {exc}") from None
-        if float_dtype is not None:
-            dtype_name(float_dtype)  # one that can travel
-            if not float_dtype.is_floating_point:
-                raise ValueError(f"float_dtype must be a floating dtype, got {float_dtype}")
+        _check_state_dict(state_dict, float_dtype)
         tensors: list[torch.Tensor] = []
         for tensor in state_dict.values():
             # One copy from any device straight into fresh contiguous CPU memory (cast on the way if asked).
@@ -200,17 +223,101 @@ class WeightPublisher(WeightStreamServer):
             copy = torch.empty(tuple(tensor.shape), dtype=dtype, device="cpu")
             copy.copy_(tensor.detach())
             tensors.append(copy)
-        manifest = Manifest.build(
+        return _build_snapshot(version, list(state_dict), tensors, adapter)
+
+    # -- background publishing ------------------------------------------------------------------
+
+    def _stage(
+        self,
+        version: int,
+        state_dict: Mapping[str, torch.Tensor],
+        adapter: Mapping[str, Any] | None,
+        float_dtype: torch.dtype | None,
+    ) -> Future[Manifest]:
+        started = time.perf_counter()
+        _check_state_dict(state_dict, float_dtype)
+        previous = self._staged
+        if previous is not None and not previous.done():
+            self.stage_waits += 1  # bounded memory: one staged version beyond the served ones
+            try:  # local work (a cast and checksums): bounded like a transfer of its bytes
+                previous.exception(timeout=transfer_timeout_s(_STAGE_TIMEOUT_S, self._staging.nbytes))
+            except FutureTimeoutError:
+                raise WeightTransferError(
+                    "the previous weight version is still being staged; not publishing another", reason="publisher"
+                ) from None
+        if previous is not None and previous.exception() is not None:
+            self._staged = None
+            raise WeightTransferError(
+                f"staging the previous weight version failed: {previous.exception()!r}", reason="publisher"
+            ) from previous.exception()
+        views, ready = self._staging.snapshot(state_dict.values())
+        with self._lock:
+            if self._latest is not None and version <= self._latest:
+                raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
+            self._latest = version
+            self._staging_version = version
+        if self._stager is None:
+            self._stager = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetrl-weight-stager")
+        names = list(state_dict)
+        future = self._stager.submit(self._run_stage, version, names, views, ready, adapter, float_dtype, started)
+        self._staged = future
+        logger.info(
+            "staged weights version %d: %d tensors, %.1f MB in %.2fs (cast, checksums and serving follow)",
             version,
-            tuple(spec_for_tensor(n, t) for n, t in zip(state_dict, tensors, strict=True)),
-            adapter,
+            len(names),
+            sum(v.numel() * v.element_size() for v in views) / 1e6,
+            time.perf_counter() - started,
         )
-        return _Snapshot(
-            manifest=manifest,
-            manifest_bytes=encode_manifest(manifest),
-            payloads=tuple(tensor_bytes(t) for t in tensors),
-            tensors=tuple(tensors),
+        return future
+
+    def _run_stage(self, version: int, *args: Any) -> Manifest:
+        """The stager's task: `_finish_stage`, and on a failure the version is refused from then on (its waiting
+        fetches with it) and the Future carries the error."""
+        try:
+            return self._finish_stage(version, *args)
+        except BaseException as exc:
+            logger.exception("staging weights version %d failed", version)
+            with self._lock:
+                self._failed_stage = (version, exc)
+                if self._staging_version == version:
+                    self._staging_version = None
+            raise
+
+    def _finish_stage(
+        self,
+        version: int,
+        names: list[str],
+        views: Sequence[torch.Tensor],
+        ready: Any,
+        adapter: Mapping[str, Any] | None,
+        float_dtype: torch.dtype | None,
+        started: float,
+    ) -> Manifest:
+        """In the stager thread: the served copy of a staged version (cast if asked), its checksums, then serving."""
+        if ready is not None:
+            ready.synchronize()
+        tensors = []
+        for view in views:
+            dtype = float_dtype if float_dtype is not None and view.is_floating_point() else view.dtype
+            copy = torch.empty(tuple(view.shape), dtype=dtype)
+            copy.copy_(view)
+            tensors.append(copy)
+        snapshot = _build_snapshot(version, names, tensors, adapter)
+        with self._lock:
+            self._versions[version] = snapshot
+            self._staging_version = None
+            while len(self._versions) > self.keep_versions:
+                self._versions.popitem(last=False)
+        manifest = snapshot.manifest
+        logger.info(
+            "published weights version %d: %d tensors, %.1f MB, checksum %s, in %.2fs (staged in the background)",
+            version,
+            len(manifest.tensors),
+            manifest.total_bytes / 1e6,
+            manifest.checksum,
+            time.perf_counter() - started,
         )
+        return manifest
 
     # -- serving: the shared loop (fleetrl.weights.server) asks for these ---------------------
 
@@ -218,6 +325,11 @@ class WeightPublisher(WeightStreamServer):
         with self._lock:
             snapshot = self._versions.get(version)
             available = list(self._versions)
+            staging, failed = self._staging_version, self._failed_stage
+        if snapshot is None and version == staging:
+            raise Deferred()  # answered once the stager has cast and hashed it
+        if snapshot is None and failed is not None and failed[0] == version:
+            raise Refusal("internal", f"weight version {version} could not be staged: {failed[1]!r}")
         if snapshot is None:
             message = f"weight version {version} is not available; the publisher has {available}"
             raise Refusal("unknown_version", message)
@@ -229,3 +341,39 @@ class WeightPublisher(WeightStreamServer):
         payload = self._chunk_payload(session.source, tensor_index, start, stop)
         if self._send(sock, peer, [b"chunk", header, payload]):
             self.counts["bytes_served"] += stop - start
+
+
+def _check_state_dict(state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None) -> None:
+    """TypeError / ValueError naming the entry that cannot travel."""
+    if not isinstance(state_dict, Mapping):
+        raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
+    for name, tensor in state_dict.items():
+        if not isinstance(name, str):
+            raise TypeError(f"state dict keys must be strings, got {name!r}")
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"state dict entry {name!r} is a {type(tensor).__name__}")
+        if tensor.layout != torch.strided:
+            raise ValueError(f"tensor {name!r} has layout {tensor.layout}; only dense travels")
+        try:
+            dtype_name(tensor.dtype)
+        except ValueError as exc:
+            raise ValueError(f"tensor {name!r}: {exc}") from None
+    if float_dtype is not None:
+        dtype_name(float_dtype)  # one that can travel
+        if not float_dtype.is_floating_point:
+            raise ValueError(f"float_dtype must be a floating dtype, got {float_dtype}")
+
+
+def _build_snapshot(
+    version: int, names: list[str], tensors: list[torch.Tensor], adapter: Mapping[str, Any] | None
+) -> _Snapshot:
+    """The served form of contiguous CPU tensors: manifest (checksums computed), encoded manifest, payload views."""
+    manifest = Manifest.build(
+        version, tuple(spec_for_tensor(n, t) for n, t in zip(names, tensors, strict=True)), adapter
+    )
+    return _Snapshot(
+        manifest=manifest,
+        manifest_bytes=encode_manifest(manifest),
+        payloads=tuple(tensor_bytes(t) for t in tensors),
+        tensors=tuple(tensors),
+    )

@@ -15,7 +15,8 @@ arrives from upstream (answering a range when its bytes are there). Everything e
   ``MAX_SESSIONS`` are open at once.
 - ``counts``: "requests", "requests_refused/<reason>", "sessions_expired", and what the subclass adds.
 
-A subclass implements ``_open_session(version)`` (the manifest to serve, or a ``Refusal``) and
+A subclass implements ``_open_session(version)`` (the manifest to serve, a ``Refusal``, or ``Deferred``: the
+manifest request waits, retried every turn of the loop, for a version still being staged) and
 ``_answer_chunk(...)``; it may poll a file descriptor beside the socket (``_wake_fd``, ``_on_wake``), act on each
 turn of the loop (``_on_tick``), forget a peer's own state (``_forget_peer``) and release its own resources when
 the loop ends (``_serve_finished``).
@@ -47,6 +48,11 @@ _POLL_MS = 100
 _MAX_REQUEST_FRAMES = 8  # the longest request has 4 frames (after the peer identity)
 _MAX_TOKEN_BYTES = 4096
 _BATCH = 256  # requests handled per wake-up at most, so that stop, ticks and expiry still run under load
+
+
+class Deferred(Exception):
+    """Raised by ``_open_session``: the version is on its way (the publisher is staging it); the manifest request
+    is answered once ``_open_session`` serves it, retried on every turn of the loop."""
 
 
 class Refusal(Exception):
@@ -93,6 +99,7 @@ class WeightStreamServer:
         self._session_timeout_s = session_timeout_s
         self._session_sweep_s = session_sweep_s
         self._sessions: dict[bytes, Session] = {}  # serving thread only
+        self._deferred: list[tuple[bytes, list[bytes], float]] = []  # manifest requests waiting (serving thread)
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._serve_failure: BaseException | None = None
@@ -200,6 +207,8 @@ class WeightStreamServer:
                             break
                         self._handle_safely(sock, frames)
                 now = time.monotonic()
+                if self._deferred:
+                    self._retry_deferred(sock, now)
                 self._on_tick(sock, now)
                 if now >= next_sweep:
                     self._expire_sessions(now)
@@ -209,6 +218,7 @@ class WeightStreamServer:
             self._serve_failure = exc
         finally:
             self._sessions.clear()
+            self._deferred.clear()
             sock.close(linger=0)
             self._serve_finished()
 
@@ -272,7 +282,23 @@ class WeightStreamServer:
             return True
         return len(token) <= _MAX_TOKEN_BYTES and hmac.compare_digest(token, self._auth_token)
 
-    def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
+    def _retry_deferred(self, sock: zmq.Socket, now: float) -> None:
+        """Answer the manifest requests whose version has become servable; drop those waiting past the session
+        timeout (their fetches gave up long before)."""
+        waiting, self._deferred = self._deferred, []
+        for peer, args, since in waiting:
+            if now - since > self._session_timeout_s:
+                self._refuse(sock, peer, "timeout", f"the {self.name} did not have the version within the timeout")
+                continue
+            try:
+                self._serve_manifest(sock, peer, args, since=since)
+            except zmq.ContextTerminated:
+                raise
+            except Exception as exc:  # as _handle_safely: one request never stops the loop
+                logger.warning("%s: a deferred request failed: %r", self.name, exc)
+                self._refuse(sock, peer, "internal", f"the request failed: {type(exc).__name__}")
+
+    def _serve_manifest(self, sock: zmq.Socket, peer: bytes, args: list[bytes], since: float | None = None) -> None:
         if len(args) != 2:
             self._refuse(sock, peer, "protocol", "bad manifest request: expected [token, JSON request] frames")
             return
@@ -293,6 +319,14 @@ class WeightStreamServer:
             manifest, manifest_bytes, source = self._open_session(version)
         except Refusal as refusal:
             self._refuse(sock, peer, refusal.reason, refusal.message)
+            return
+        except Deferred:
+            if since is None and len(self._deferred) >= MAX_SESSIONS:
+                self._refuse(sock, peer, "busy", f"the {self.name} has {MAX_SESSIONS} fetches waiting; try again later")
+                return
+            if since is None:
+                self.counts["manifests_deferred"] += 1
+            self._deferred.append((peer, args, time.monotonic() if since is None else since))
             return
         if len(self._sessions) >= MAX_SESSIONS:
             self._refuse(sock, peer, "busy", f"the {self.name} has {MAX_SESSIONS} fetches open; try again later")

@@ -200,3 +200,21 @@ def test_weights_are_published_in_the_dtype_the_replicas_serve(
     trainer = PolicyTrainer(cfg, weight_sink=lambda v, sd, **kw: calls.append(kw))
     assert trainer.train_step(groups, step=1).published
     assert calls == [expected]
+
+
+def test_a_background_publish_serves_the_step_and_publish_gives_its_checksum(tiny_model_dir, tmp_path, groups):
+    """weight_sink = publish(background=True) (the trainer service's): the step does not wait for the cast and
+    checksums; the version is fetchable right away with the weights of that step, and publish() (the Publish RPC)
+    waits for the staged version's checksum."""
+    import functools
+
+    from fleetrl.weights import WeightPublisher, fetch_weights
+
+    cfg = make_cfg(tiny_model_dir, tmp_path, inference_dtype="bfloat16")
+    with WeightPublisher() as publisher:
+        trainer = PolicyTrainer(cfg, weight_sink=functools.partial(publisher.publish, background=True))
+        assert trainer.train_step(groups, step=1).published
+        want = {k: v.detach().to(torch.bfloat16) for k, v in trainer.model.state_dict().items()}
+        manifest, got = fetch_weights(publisher.address, 1, timeout_s=60)
+        assert trainer.publish().checksum == manifest.checksum != ""
+        assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)

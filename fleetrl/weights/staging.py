@@ -1,0 +1,75 @@
+"""`HostStaging`: a state dict snapshotted into reused, bucketed host buffers (pinned for a GPU source).
+
+The trainer's step waits only for this copy; the publisher casts, hashes and serves the version from it beside the
+next step (``WeightPublisher.publish(background=True)``). Copying into memory that was written before is about 3x
+faster than into fresh memory (5.6 vs 1.95 GB/s measured on this machine: fresh pages are faulted in and zeroed on
+the first write), so the buffers are kept from one version to the next: a few large buckets of ``bucket_bytes``
+(a tensor larger than one gets a bucket of its own), reallocated only when the tensors' sizes change. From a CUDA
+source the buckets are pinned and the copies asynchronous on the current stream: the step returns once they are
+queued, and the caller waits on the returned event before reading the buffers (``ready.synchronize()``); later
+kernels on that stream (the next step's optimizer) run after the copies, so they read this version's values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+BUCKET_BYTES = 256 << 20
+_ALIGN = 64  # every tensor starts on a 64-byte boundary: any dtype view of its bytes is aligned
+
+
+class HostStaging:
+    """Reused host buffers for one snapshot at a time (the caller makes sure the previous one was consumed)."""
+
+    def __init__(self, bucket_bytes: int = BUCKET_BYTES) -> None:
+        if bucket_bytes <= 0:
+            raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes!r}")
+        self.bucket_bytes = bucket_bytes
+        self.allocations = 0  # how many times the buckets were (re)allocated
+        self._buckets: list[torch.Tensor] = []
+        self._key: tuple[Any, ...] | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the buckets hold."""
+        return sum(b.numel() for b in self._buckets)
+
+    def snapshot(self, tensors: Iterable[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
+        """Copy `tensors` into the buckets; return views of them (each tensor's dtype and shape, contiguous, in
+        order) and a CUDA event to wait on before reading them (None: the copies are done)."""
+        tensors = [t.detach() for t in tensors]
+        pinned = any(t.is_cuda for t in tensors)
+        places, sizes = self._plan([t.numel() * t.element_size() for t in tensors])
+        key = (tuple(sizes), pinned)
+        if key != self._key:
+            self._buckets = []  # released before the new ones are allocated
+            self._buckets = [torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for size in sizes]
+            self._key = key
+            self.allocations += 1
+        views = []
+        for tensor, (bucket, offset, nbytes) in zip(tensors, places, strict=True):
+            view = self._buckets[bucket][offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor, non_blocking=pinned and tensor.is_cuda)
+            views.append(view)
+        ready = None
+        if pinned:
+            ready = torch.cuda.Event()
+            ready.record()
+        return views, ready
+
+    def _plan(self, nbytes: list[int]) -> tuple[list[tuple[int, int, int]], list[int]]:
+        """(bucket, offset, bytes) of each tensor and the size of each bucket: tensors in order, a new bucket when
+        the next one would overflow the current (a tensor larger than a bucket alone in its own)."""
+        places: list[tuple[int, int, int]] = []
+        sizes: list[int] = []
+        for n in nbytes:
+            start = -(-sizes[-1] // _ALIGN) * _ALIGN if sizes else 0
+            if not sizes or (start + n > self.bucket_bytes and sizes[-1] > 0):
+                sizes.append(0)
+                start = 0
+            places.append((len(sizes) - 1, start, n))
+            sizes[-1] = start + n
+        return places, sizes
