@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -154,6 +155,8 @@ class TrainerService(Service):
     def publish(self) -> tuple[int, str, float]:
         with self._lock:
             info = self.trainer.publish()
+            if not info.checksum:  # just staged in the background: asking again waits for its checksum
+                info = self.trainer.publish()
             return info.version, info.checksum, info.seconds
 
     def save_checkpoint(self, data_position: Any = None) -> Path:
@@ -208,7 +211,9 @@ class TrainerService(Service):
 
     async def start(self) -> dict[str, Any]:
         """Start the group stream, gRPC and (with --auto-steps) the step coordinator; returns the addresses."""
-        self.trainer.weight_sink = self.publisher.publish
+        # The step waits only for the snapshot into the publisher's reused buffers; the cast, the checksums and
+        # serving run beside the next step (fetches of the version wait for them: docs/weights.md).
+        self.trainer.weight_sink = functools.partial(self.publisher.publish, background=True)
         self.trainer.on_version_ready = self._version_ready
         self.receiver.start()
         assert self.grpc_server is not None
