@@ -59,8 +59,8 @@ class WeightPublisher(WeightStreamServer):
     "sessions_expired" (fetch sessions idle past ``session_timeout_s``, looked for every
     ``session_sweep_s``) and "manifests_deferred" (fetches that asked for a version still being staged).
 
-    ``publish(..., background=True)`` returns once the state dict is copied into reused host buffers
-    (``fleetrl.weights.staging``) and casts, hashes and serves it in a background thread: the version
+    ``publish(..., background=True)`` returns once the state dict is copied (and cast) into reused host
+    buffers (``fleetrl.weights.staging``) and hashes and serves it in a background thread: the version
     is fetchable at once (a fetch of it waits until it is ready) and the returned Future gives its
     manifest. Memory: the served versions (``keep_versions``) plus one staged version in the reused
     buffers; a publish while the previous version is still being staged waits for it first.
@@ -142,8 +142,8 @@ class WeightPublisher(WeightStreamServer):
         the snapshot copy (the dtype the replicas serve; None keeps each tensor's own).
 
         Returns the Manifest; with ``background``, a Future of it: the call returns once the tensors
-        are copied into the reused staging buffers (the caller may change them from then on), and the
-        cast, the checksums and serving follow in a background thread (see the class docstring).
+        are copied (and cast) into the reused staging buffers (the caller may change them from then on), and the
+        checksums and serving follow in a background thread (see the class docstring).
         """
         self._check_usable()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
@@ -250,7 +250,7 @@ class WeightPublisher(WeightStreamServer):
             raise WeightTransferError(
                 f"staging the previous weight version failed: {previous.exception()!r}", reason="publisher"
             ) from previous.exception()
-        views, ready = self._staging.snapshot(state_dict.values())
+        views, ready = self._staging.snapshot(state_dict.values(), float_dtype)
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
@@ -293,13 +293,12 @@ class WeightPublisher(WeightStreamServer):
         float_dtype: torch.dtype | None,
         started: float,
     ) -> Manifest:
-        """In the stager thread: the served copy of a staged version (cast if asked), its checksums, then serving."""
+        """In the stager thread: the served copy of a staged version, its checksums, then serving."""
         if ready is not None:
             ready.synchronize()
         tensors = []
-        for view in views:
-            dtype = float_dtype if float_dtype is not None and view.is_floating_point() else view.dtype
-            copy = torch.empty(tuple(view.shape), dtype=dtype)
+        for view in views:  # already in the served dtype: the staging copy cast them
+            copy = torch.empty(tuple(view.shape), dtype=view.dtype)
             copy.copy_(view)
             tensors.append(copy)
         snapshot = _build_snapshot(version, names, tensors, adapter)

@@ -1,13 +1,15 @@
 """`HostStaging`: a state dict snapshotted into reused, bucketed host buffers (pinned for a GPU source).
 
-The trainer's step waits only for this copy; the publisher casts, hashes and serves the version from it beside the
-next step (``WeightPublisher.publish(background=True)``). Copying into memory that was written before is about 3x
-faster than into fresh memory (5.6 vs 1.95 GB/s measured on this machine: fresh pages are faulted in and zeroed on
-the first write), so the buffers are kept from one version to the next: a few large buckets of ``bucket_bytes``
-(a tensor larger than one gets a bucket of its own), reallocated only when the tensors' sizes change. From a CUDA
-source the buckets are pinned and the copies asynchronous on the current stream: the step returns once they are
-queued, and the caller waits on the returned event before reading the buffers (``ready.synchronize()``); later
-kernels on that stream (the next step's optimizer) run after the copies, so they read this version's values.
+The trainer's step waits only for this copy, floating tensors cast to the served dtype on the way (a bfloat16 copy
+writes half the bytes and runs a little faster than a float32 memcpy: 6.3 vs 5.6 GB/s of float32 source here); the
+publisher hashes and serves the version from it beside the next step (``WeightPublisher.publish(background=True)``).
+Copying into memory that was written before is about 3x faster than into fresh memory (5.6 vs 1.95 GB/s measured
+on this machine: fresh pages are faulted in and zeroed on the first write), so the buffers are kept from one
+version to the next: a few large buckets of ``bucket_bytes`` (a tensor larger than one gets a bucket of its own),
+reallocated only when the tensors' sizes change. From a CUDA source the buckets are pinned, the cast runs on the
+GPU and the copies are asynchronous on the current stream: the step returns once they are queued, and the reader
+waits on the returned event first (``ready.synchronize()``); later kernels on that stream (the next step's
+optimizer) run after the copies, so the copies read this version's values.
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ class HostStaging:
         """Host memory the buckets hold."""
         return sum(b.numel() for b in self._buckets)
 
-    def snapshot(self, tensors: Iterable[torch.Tensor]) -> tuple[list[torch.Tensor], Any]:
-        """Copy `tensors` into the buckets; return views of them (each tensor's dtype and shape, contiguous, in
-        order) and a CUDA event to wait on before reading them (None: the copies are done)."""
+    def snapshot(
+        self, tensors: Iterable[torch.Tensor], float_dtype: torch.dtype | None = None
+    ) -> tuple[list[torch.Tensor], Any]:
+        """Copy `tensors` into the buckets, floating ones cast to `float_dtype` on the way (on the GPU, before the
+        copy, from a CUDA source; None: each keeps its dtype); return views of them (contiguous, in order) and a CUDA
+        event to wait on before reading them (None: the copies are done)."""
         tensors = [t.detach() for t in tensors]
+        dtypes = [float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype for t in tensors]
         pinned = any(t.is_cuda for t in tensors)
-        places, sizes = self._plan([t.numel() * t.element_size() for t in tensors])
+        places, sizes = self._plan([t.numel() * d.itemsize for t, d in zip(tensors, dtypes, strict=True)])
         key = (tuple(sizes), pinned)
         if key != self._key:
             self._buckets = []  # released before the new ones are allocated
@@ -50,8 +56,10 @@ class HostStaging:
             self._key = key
             self.allocations += 1
         views = []
-        for tensor, (bucket, offset, nbytes) in zip(tensors, places, strict=True):
-            view = self._buckets[bucket][offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+        for tensor, dtype, (bucket, offset, nbytes) in zip(tensors, dtypes, places, strict=True):
+            view = self._buckets[bucket][offset : offset + nbytes].view(dtype).view(tensor.shape)
+            if tensor.is_cuda and tensor.dtype != dtype:
+                tensor = tensor.to(dtype)  # cast on the device: half the bytes cross PCIe for bfloat16
             view.copy_(tensor, non_blocking=pinned and tensor.is_cuda)
             views.append(view)
         ready = None

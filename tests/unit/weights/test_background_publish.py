@@ -125,3 +125,12 @@ def test_staging_buckets_pack_tensors_and_give_a_large_one_its_own():
     assert ready is None and torch.equal(views[0], torch.arange(25, dtype=torch.float32))
     assert views[1].dtype == torch.bool and bool(views[1].all())
     assert staging.allocations == 1 and staging.nbytes == 131
+
+
+def test_staging_casts_floating_tensors_on_the_way():
+    staging = HostStaging()
+    source = [torch.rand(4, 3), torch.arange(5), torch.tensor([True, False])]
+    views, _ = staging.snapshot(source, torch.bfloat16)
+    assert [v.dtype for v in views] == [torch.bfloat16, torch.int64, torch.bool]
+    assert torch.equal(views[0], source[0].to(torch.bfloat16)) and torch.equal(views[1], source[1])
+    assert staging.nbytes == 64 + 64 + 2  # 24 B of bfloat16 and 40 B of int64, each on a 64-byte boundary
