@@ -26,6 +26,8 @@ def rejection_cause(samples_dropped: Mapping[str, int], reason: str = "") -> str
     error, invalid), else 'few_samples'."""
     if reason.startswith("dynamic filter"):
         return FILTERED
+    if reason.startswith("group too large"):  # the gateway refused to send it (over the trainer's max_group_mb)
+        return "too_large_group"
     counts = {why: n for why, n in samples_dropped.items() if n > 0}
     if not counts:
         return FEW_SAMPLES

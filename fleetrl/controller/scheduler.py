@@ -40,6 +40,7 @@ COUNTERS = (
     "rows_requeued_failed",
     "rows_failed_stale",
     "late_reports",
+    "groups_lost",
 )
 
 
@@ -305,6 +306,42 @@ class RowScheduler:
             self._form_steps(final=True)
             self._commit()
         return self.ready.popleft() if self.ready else None
+
+    def groups_lost(self, assignment: StepAssignment, lost_rows: set[int]) -> list[int]:
+        """The trainer could not train `assignment`: the groups of `lost_rows` never reached it (too large for its
+        socket, evicted, lost). A lost group is not a dead run: those attempts are superseded (evicted, refused if
+        they arrive later) and their rows leased again, first (closed as failed after `max_attempts` leases,
+        counted in `rows_failed`); the step's other groups, and those of steps formed after it, go back to the
+        steps being formed, in order, so the step is formed again from the next groups accepted. Returns the rows
+        requeued. Counted in `groups_lost`."""
+        ready = [assignment, *self.ready]
+        self.ready.clear()
+        kept: list[tuple[int, int, int, int, int]] = []
+        requeued: list[int] = []
+        for step in ready:
+            tags = step.tags or (0,) * len(step.rows)
+            for (row_id, version), offset, (_, attempt), tag in zip(
+                step.rows, step.version_offsets, step.groups, tags, strict=True
+            ):
+                if step is not assignment or row_id not in lost_rows:
+                    kept.append((row_id, version, offset, attempt, tag))
+                    continue
+                self.counters["groups_lost"] += 1
+                self.superseded.append((row_id, attempt))
+                self.gate.accepted -= self.gate.group_size  # it no longer fills a step
+                if self.attempts.get(row_id, attempt) >= self.max_attempts:
+                    self.counters["rows_failed"] += 1
+                    self._journal_row(row_id, "failed", version)
+                    self._close(row_id)
+                    continue
+                self._journal_row(row_id, "queued", version)
+                requeued.append(row_id)
+        self.queue.extendleft(reversed(requeued))
+        self.pending[:0] = kept
+        self.next_step = assignment.step
+        self._form_steps()
+        self._commit()
+        return requeued
 
     def take_superseded(self) -> list[tuple[int, int]]:
         """The (row_id, attempt) groups superseded since the last call: the trainer evicts them."""

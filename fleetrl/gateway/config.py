@@ -69,6 +69,12 @@ class GatewayConfig(BaseModel):
     )
     rollout_retries: int = Field(3, ge=1, description="Attempts for a rollout failing with a recoverable error.")
     send_timeout_s: float = Field(60.0, gt=0, description="Pushing a group to the trainer fails after this.")
+    max_group_mb: int = Field(
+        32,
+        ge=1,
+        description="The trainer's max_group_mb: a group whose message is larger is rejected here, loudly, before "
+        "sending (the trainer's socket would drop it silently and its step would wait for it).",
+    )
     rpc_timeout_s: float = Field(30.0, gt=0, description="Controller calls fail after this.")
     lease_wait_s: float = Field(
         0.5,

@@ -35,6 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--breaker-max-failure-rate", type=float, help="circuit breaker: failed share that stops it (default 0.5)"
     )
+    parser.add_argument(
+        "--max-group-mb", type=int, help="the trainer's max_group_mb: larger groups are rejected here (default 32)"
+    )
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (0 = pick; default off)")
     parser.add_argument("--host", help="address the metrics endpoint binds to (default 127.0.0.1)")
     parser.add_argument("--metrics-linger", type=float, help="seconds /metrics stays up after the run (default 0)")
@@ -63,6 +66,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                 "breaker_window": args.breaker_window,
                 "breaker_min_attempts": args.breaker_min_attempts,
                 "breaker_max_failure_rate": args.breaker_max_failure_rate,
+                "max_group_mb": args.max_group_mb,
                 "metrics_port": args.metrics_port,
                 "metrics_linger_s": args.metrics_linger,
                 "host": args.host,

@@ -443,7 +443,14 @@ class Gateway:
             attempt=leased.attempt,
             rewards=[float(s.reward) for s in assembled.group.samples],
         )
-        if assembled.accepted:
+        too_large = self._too_large(assembled.group) if assembled.accepted else None
+        if too_large is not None:
+            # Deterministic (the same prompt gives groups as long again): closed as rejected, not retried.
+            log.error("row %d: %s", leased.row_id, too_large)
+            report.outcome, report.reason = controller_pb2.REJECTED, too_large
+            self.counters["groups_too_large"] += 1
+            self.counters["rows_rejected"] += 1
+        elif assembled.accepted:
             try:
                 t_send = time.monotonic()
                 await self.send(assembled.group)
@@ -470,6 +477,20 @@ class Gateway:
         self.counters["rows_done"] += 1
         self.row_seconds_sum += time.monotonic() - started
         self.row_latencies_s.append(time.monotonic() - started)
+
+    def _too_large(self, group: Any) -> str | None:
+        """Why `group` cannot reach the trainer (its message is over `max_group_mb`), or None."""
+        from fleetrl.group_stream import group_to_proto
+
+        size = group_to_proto(group).ByteSize()
+        if size <= self.config.max_group_mb << 20:
+            return None
+        tokens = sum(len(s.tokens) for s in group.samples)
+        return (
+            f"group too large: its message is {size / 2**20:.1f} MiB ({len(group.samples)} samples, {tokens} tokens), "
+            f"over the trainer's max_group_mb ({self.config.max_group_mb} MiB): cap the samples with run.max_seq_len "
+            "(or raise max_group_mb on the trainer and the gateway)"
+        )
 
     async def send(self, group: Any) -> None:
         if self._sender is None:

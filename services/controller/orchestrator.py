@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,6 +54,21 @@ class RunFailed(RuntimeError):
 
 class RunStopped(RunFailed):
     """The run was stopped by a signal after its last complete step (`--resume` continues it)."""
+
+
+def lost_groups(exc: grpc.aio.AioRpcError, step: StepAssignment) -> set[int] | None:
+    """The rows of `step` whose groups the trainer said never arrived (its TrainStep answered FAILED_PRECONDITION
+    "groups of rows [r, r#a, ...] did not arrive", fleetrl.trainer.buffer.MissingGroupsError), or None for any other
+    failure. A list the trainer cut short ("(+N more)") counts every row of the step as lost."""
+    details = exc.details() or ""
+    if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or "did not arrive" not in details:
+        return None
+    match = re.search(r"groups of rows \[([^\]]*)\](\s*\(\+\d+ more\))?", details)
+    rows = set(step.row_ids)
+    if match is None or match.group(2):
+        return rows
+    named = {int(item.split("#")[0]) for item in match.group(1).split(",") if item.strip().split("#")[0].isdigit()}
+    return (named & rows) or rows
 
 
 class Orchestrator:
@@ -413,7 +429,21 @@ class Orchestrator:
         try:
             reply = await (await self.live_trainer_stub()).TrainStep(request, timeout=self.train_step_timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise RunFailed(f"trainer failed step {step.step}: {exc.code().name}: {exc.details()}") from None
+            lost = lost_groups(exc, step)
+            if lost is None:
+                raise RunFailed(f"trainer failed step {step.step}: {exc.code().name}: {exc.details()}") from None
+            requeued = self.scheduler.groups_lost(step, lost)
+            log.warning(
+                "step %d: the groups of rows %s never reached the trainer (%s); those attempts are superseded, rows "
+                "%s leased again, and the step is formed again (groups_lost %d)",
+                step.step,
+                sorted(lost),
+                exc.details(),
+                requeued,
+                self.scheduler.counters.get("groups_lost", 0),
+            )
+            self.lease_signal.notify()
+            return
         t_trained = self.clock()
         self.scheduler.step_trained(step)
         weight_update_time = 0.0
