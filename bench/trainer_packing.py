@@ -4,14 +4,16 @@
     python bench/trainer_packing.py memory [--vocab 151936] [--json out.json]
 
 `throughput`: one step of 16 samples whose lengths are long-tailed as RL completions are (one of 4096 tokens, a
-few of 256-1536, most of 32-128: 7,712 tokens, 8.5x that when padded to the longest), trained by
+few of 256-1536, most of 32-128: 7,696 trained positions), trained by
 `PolicyTrainer.train_step` on a random Qwen2-shaped model (hidden 256, 4 layers) in two configurations, rounds
-interleaved after one warm-up each (a shared machine drifts; interleaving keeps the comparison fair):
+interleaved after one warm-up each (a shared machine drifts; interleaving keeps the comparison fair; process CPU
+seconds are reported beside wall seconds, steadier when other work shares the machine):
 - padded (before): right-padded micro-batches of 4 samples, full [B, T, V] logits (packing = false,
   logprob_chunk_tokens = 0);
 - packed (after): samples packed into micro-batches of at most 8,192 tokens, logprobs in chunks of 1,024 positions
   (the defaults).
-Reported: real tokens per second (padding not counted), median of the rounds.
+Reported: real tokens per second (padding not counted), median of the rounds. The 16 samples are 4 groups of 4 in
+row order, so padded micro-batches of 4 pad each group to its longest (17,984 positions for 7,696 tokens).
 
 `memory`: the peak RSS of a process that trains one step of 16 x 2048 tokens at a 152k vocabulary (hidden 64,
 2 layers: the vocabulary dominates), each configuration in its own fresh process (peak RSS only grows):
@@ -115,15 +117,20 @@ def throughput(args: argparse.Namespace) -> dict:
         "padded": make_trainer(model_dir, str(work / "padded"), "padded", micro_batch_size=4),
         "packed": make_trainer(model_dir, str(work / "packed"), "packed"),
     }
+    from fleetrl.trainer.row_set import RowIdSet
+
     times: dict[str, list[float]] = {arm: [] for arm in trainers}
+    cpu: dict[str, list[float]] = {arm: [] for arm in trainers}
     for round_ in range(args.rounds + 1):  # round 0 warms up
         for arm, trainer in trainers.items():
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             trainer.train_step([g for g in groups], step=trainer.steps_done + 1)
-            trainer._trained_rows.clear()  # the same rows every round
+            trainer._trained_rows = RowIdSet()  # the same rows every round
+            wall, used = time.perf_counter() - started, time.process_time() - cpu_started
             if round_:
-                times[arm].append(time.perf_counter() - started)
-            print(f"round {round_} {arm}: {time.perf_counter() - started:.2f} s", flush=True)
+                times[arm].append(wall)
+                cpu[arm].append(used)
+            print(f"round {round_} {arm}: {wall:.2f} s wall, {used:.2f} s CPU", flush=True)
     padded_width = sum(max(LONG_TAIL[i : i + 4]) * 4 for i in range(0, 16, 4))
     out = {
         "vocab": args.vocab,
@@ -131,6 +138,8 @@ def throughput(args: argparse.Namespace) -> dict:
         "padded_positions": padded_width,
         "tokens_per_s": {arm: real_tokens / statistics.median(t) for arm, t in times.items()},
         "step_s": {arm: statistics.median(t) for arm, t in times.items()},
+        "step_cpu_s": {arm: statistics.median(t) for arm, t in cpu.items()},
+        "attention": {arm: trainer.loop.attention for arm, trainer in trainers.items()},
     }
     out["speedup"] = out["tokens_per_s"]["packed"] / out["tokens_per_s"]["padded"]
     return out
