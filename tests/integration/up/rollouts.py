@@ -162,3 +162,20 @@ def make_held_rollout_fn(setup: RolloutSetup):
         return sample
 
     return rollout_fn
+
+
+def make_lost_group_rollout_fn(setup: RolloutSetup):
+    """The plain rollout, except that the first attempt of the row whose prompt starts with `extras["huge_prompt"]`
+    returns a first sample of `extras["huge_tokens"]` tokens: a group over the trainer's 32 MiB frame cap, which its
+    socket drops without a word (the gateway's own cap raised with --max-group-mb so it sends it)."""
+    inner = make_rollout_fn(setup)
+    huge_prompt, n = str(setup.extras["huge_prompt"]), int(setup.extras["huge_tokens"])
+
+    async def rollout_fn(row: dict, attempt: int = 1, rollout_idx: int = 0) -> RolloutSample | None:
+        if row["prompt"].startswith(huge_prompt) and attempt == 1 and rollout_idx == 0:
+            return RolloutSample(
+                tokens=[1] * n, logprobs=[-0.5] * n, loss_mask=[0] + [1] * (n - 1), reward=0.0, versions=[0] * n
+            )
+        return await inner(row)
+
+    return rollout_fn

@@ -1,0 +1,36 @@
+"""A group that never reaches the trainer is a lost group, not a dead run (issue 28, item 6), end to end: row 0's
+first attempt returns a group over the trainer's 32 MiB frame cap (the gateway's cap raised so it sends it), which
+the trainer's socket drops without a word; the step's TrainStep answers that the group did not arrive, the
+controller supersedes that attempt and leases the row again, and the run trains every step and exits 0. Before,
+the run failed at that step ("groups of rows [0] did not arrive")."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.up.conftest import read_metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_a_group_that_never_arrives_is_leased_again_and_the_run_finishes(up_run):
+    result, run_dir = up_run(
+        {
+            "max_steps": 2,
+            "shuffle": False,  # row 0 is in the first step
+            "max_seq_len": None,
+            "rollout_extras": {"huge_prompt": "count 0 ", "huge_tokens": 5_000_000},
+        },
+        {
+            "rollout": "tests.integration.up.rollouts:make_lost_group_rollout_fn",
+            "gateway_args": ["--max-group-mb", "64"],
+            "trainer_args": ["--group-wait-timeout", "10"],
+        },
+        n_rows=8,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    controller_log = (run_dir / "controller.log").read_text()
+    assert "never reached the trainer" in controller_log and "rows [0] leased again" in controller_log
+    steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert steps[-1]["producer/groups_lost"] == 1
