@@ -133,20 +133,18 @@ def sequence_logprobs(
     temperature: float = 1.0,
     pad_id: int = 0,
     device: str | torch.device = "cpu",
+    chunk_tokens: int = 1024,
 ) -> list[list[float]]:
-    """Per-token logprobs of each sequence (N-1 per N tokens), one padded forward for the lot."""
+    """Per-token logprobs of each sequence (N-1 per N tokens), one packed forward for the lot (no padding; logprobs
+    `chunk_tokens` positions at a time, fleetrl.trainer.logprobs). `pad_id` is unused (kept for callers)."""
+    from fleetrl.trainer.logprobs import pack, packed_logprobs
+
+    del pad_id
     if not sequences:
         return []
     for i, seq in enumerate(sequences):
         if len(seq) < 2:
             raise ValueError(f"sequence {i} has {len(seq)} tokens; at least 2 are needed")
-    width = max(len(s) for s in sequences) - 1
-    inputs = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    targets = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    for i, seq in enumerate(sequences):
-        row = torch.tensor(seq, dtype=torch.long)
-        inputs[i, : len(seq) - 1] = row[:-1]
-        targets[i, : len(seq) - 1] = row[1:]
-    logprobs_BT, _ = target_logprobs(model, inputs.to(device), targets.to(device), temperature=temperature)
-    logprobs_BT = logprobs_BT.float().cpu()
-    return [logprobs_BT[i, : len(seq) - 1].tolist() for i, seq in enumerate(sequences)]
+    packed = pack([s[:-1] for s in sequences], [s[1:] for s in sequences]).to(device)
+    logprobs_N, _ = packed_logprobs(model, packed, temperature=temperature, chunk_tokens=chunk_tokens)
+    return [row.tolist() for row in logprobs_N.float().cpu().split(packed.lengths)]

@@ -78,10 +78,12 @@ class ReferenceService(Service):
 def create_server(config: ReferenceConfig) -> ReferenceService:
     """Load the frozen model and bind the gRPC port (nothing is started)."""
     from fleetrl.trainer.model import load_causal_lm, pad_token_id, sequence_logprobs
+    from fleetrl.trainer.varlen_attention import use_packed_attention
 
     model = load_causal_lm(config.model, dtype=config.dtype, device=config.device, trainable=False)
     pad_id = pad_token_id(model)
     device = next(model.parameters()).device
+    use_packed_attention(model, device)  # a batch is one packed row: each sequence attends only to itself
 
     def compute(sequences: list[list[int]], temperature: float) -> list[list[float]]:
         return sequence_logprobs(model, sequences, temperature=temperature, pad_id=pad_id, device=device)

@@ -197,3 +197,20 @@ def test_variable_length_attention_matches_and_never_builds_a_row_by_row_tensor(
     # The export names no fleetrl-only attention: replicas and users load it with their own.
     model.save_pretrained(tmp_path / "export")
     assert VARLEN_SDPA not in (tmp_path / "export" / "config.json").read_text()
+
+
+def test_sequence_logprobs_run_one_packed_row_with_the_padded_numbers(model):
+    """The reference service's forward (and synthetic rollouts'): one row of the sequences end to end."""
+    from fleetrl.trainer.model import sequence_logprobs
+
+    sequences = [[5, 9, 200, 31, 7], [1, 2], [300, 301, 302, 303, 304, 305, 306, 307, 308]]
+    shapes = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda _m, args, _o: shapes.append(tuple(args[0].shape)))
+    got = sequence_logprobs(model, sequences, temperature=0.8, chunk_tokens=4)
+    hook.remove()
+    assert shapes == [(1, sum(len(s) - 1 for s in sequences))]
+    for seq, row in zip(sequences, got, strict=True):
+        ids = torch.tensor([seq])
+        with torch.no_grad():
+            alone, _ = target_logprobs(model, ids[:, :-1], ids[:, 1:], temperature=0.8)
+        assert torch.allclose(torch.tensor(row), alone[0], atol=1e-5)
