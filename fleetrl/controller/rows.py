@@ -96,6 +96,46 @@ def open_rows(source: str | Path, max_rows: int | None = None) -> Sequence[dict[
     return rows
 
 
+def check_rows_source(source: str | Path) -> None:
+    """A cheap look at `source` before any service starts (`fleetrl up`'s config check): a local file that is
+    missing, empty, not Parquet (by its magic bytes) or whose first row is not a JSON object raises ValueError naming
+    it. Reads only the file's start; a folder or a hub id is left to `open_rows`."""
+    text = str(source)
+    if not text:
+        raise ValueError("no dataset given")
+    path = Path(text)
+    if path.is_dir() or (not path.exists() and Path(text.rsplit(":", 1)[0]).is_dir()):
+        return
+    if not path.exists():
+        if path.suffix.lower() in (*JSON_SUFFIXES, ".parquet") or text.startswith(("/", ".", "~")):
+            raise ValueError(f"{text}: no such dataset file")
+        return  # a hub id
+    if not path.is_file():
+        raise ValueError(f"{text}: not a file")
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+        if path.suffix.lower() == ".parquet":
+            if head != b"PAR1":
+                raise ValueError(f"{text}: not a Parquet file (it does not start with PAR1)")
+            return
+        fh.seek(0)
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            if path.suffix.lower() == ".json" and line.lstrip()[:1] == b"[":
+                return  # one JSON document (a list of rows): open_rows reads it
+            try:
+                row = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                raise ValueError(
+                    f"{text}:{lineno}: not valid JSON ({exc}): a JSONL file has one row object a line"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{text}:{lineno}: each row must be a JSON object")
+            return
+    raise ValueError(f"{text}: the dataset has no rows")
+
+
 def _from_file(path: Path) -> Sequence[dict[str, Any]]:
     import datasets
 

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fleetrl.config import Config, ConfigError, build_service_config
 
+MAX_COMPLETIONS_PER_PROMPT = 65536
+"""The largest group a gateway runs: its G rollouts, results and samples are held in memory together (a value
+like 1e11 would crash the gateway at its first row, and a supervisor would restart it again and again)."""
+
 
 class GatewayConfig(BaseModel):
     """One rollout gateway's settings: the run `Config` plus the gateway's own (user code specs, timeouts, breaker)."""
@@ -92,6 +96,16 @@ class GatewayConfig(BaseModel):
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the metrics port here once running.")
     log_level: str = Field("INFO", description="Python log level name.")
+
+    @model_validator(mode="after")
+    def _check_group_size(self) -> GatewayConfig:
+        g = self.run.completions_per_prompt
+        if g > MAX_COMPLETIONS_PER_PROMPT:
+            raise ValueError(
+                f"run.completions_per_prompt = {g}: at most {MAX_COMPLETIONS_PER_PROMPT} (a row's samples are held "
+                "and sent together as one group)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_breaker(self) -> GatewayConfig:

@@ -32,6 +32,7 @@ RUN_FILES = (
     "run_end.json",  # how the run ended (services/controller/server.py)
     # The trackers' files (fleetrl.trackers): a new run must not continue the old run's W&B or MLflow run.
     "samples.jsonl",
+    "samples.superseded.jsonl",
     "config.json",
     "wandb_run_id",
     "mlflow_run_id",
@@ -92,9 +93,12 @@ def lock_log_dir(log_dir: Path) -> RunLock:
     """Make this process the owner of `log_dir` for the run's life, or raise LogDirError naming the live run
     (its `fleetrl up` pid) that owns it. Creates `log_dir` if needed; call before reading or deleting anything
     in it."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    path = log_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a file in the way, no permission, a full disk
+        raise LogDirError(f"run.log_path: cannot use {log_dir}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -27,6 +27,7 @@ pushes it the current version before routing rollouts to it.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import socket
@@ -75,6 +76,33 @@ def _flag_value(args: list[str], flag: str) -> str | None:
     return value
 
 
+def check_group_size(run: Config) -> None:
+    """completions_per_prompt within what a gateway can hold (fleetrl.gateway.config.MAX_COMPLETIONS_PER_PROMPT):
+    refused here, before a gateway crashes on it and is restarted again and again."""
+    from fleetrl.gateway.config import MAX_COMPLETIONS_PER_PROMPT
+
+    if run.completions_per_prompt > MAX_COMPLETIONS_PER_PROMPT:
+        raise ConfigError(
+            f"run.completions_per_prompt = {run.completions_per_prompt}: at most {MAX_COMPLETIONS_PER_PROMPT} "
+            "(a row's samples are held and sent together as one group)"
+        )
+
+
+def check_datasets(run: Config) -> None:
+    """A missing or unreadable `run.dataset` / `run.eval_dataset` file fails the config check (ConfigError naming
+    the field), before any service starts (fleetrl.controller.rows.check_rows_source looks at its start only)."""
+    from fleetrl.controller.rows import check_rows_source
+
+    for field in ("dataset", "eval_dataset"):
+        source = getattr(run, field)
+        if source is None or (field == "eval_dataset" and not source):
+            continue
+        try:
+            check_rows_source(source)
+        except ValueError as exc:
+            raise ConfigError(f"run.{field}: {exc}") from None
+
+
 def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> RunLock | None:
     """Take `log_path` for this run (refused while another live run owns it: `lock_log_dir`), then check it: resume
     the run it holds, or refuse to start over without --overwrite (then delete it). Returns the lock, to hold for
@@ -85,6 +113,8 @@ def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -
     log_dir = Path(run.log_path)
     if resume and overwrite:
         raise LogDirError("--resume continues the run in log_path and --overwrite deletes it: choose one")
+    if log_dir.exists() and not log_dir.is_dir():
+        raise LogDirError(f"run.log_path: {log_dir} is a file, not a folder: name a folder for the run's files")
     lock = lock_log_dir(log_dir)
     try:
         _prepare(run, up, log_dir, resume=resume, overwrite=overwrite)
@@ -582,6 +612,9 @@ def main(argv: list[str] | None = None) -> int:
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset:
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
+        if up.controller_address is None:
+            check_datasets(run)  # here, not in the controller once every service started
+        check_group_size(run)
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
@@ -593,3 +626,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # a second Ctrl-C while stopping: the children get SIGTERM as fleetrl up exits
         print("fleetrl up: stopped at once", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(
+            f"fleetrl up: {exc.strerror} ({exc.filename or run.log_path}): the disk is full; every service was "
+            f"stopped. Free space, then `fleetrl up {args.config} --resume` continues the run",
+            file=sys.stderr,
+        )
+        return 1

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from fleetrl.seq_len import resolve_max_seq_len
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.step_metrics import done_fraction
 from fleetrl.trackers import TrackerSet
-from fleetrl.trackers.jsonl import JsonlTracker
+from fleetrl.trackers.jsonl import SAMPLES_FILE, JsonlTracker
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,33 @@ class RunFailed(RuntimeError):
 
 class RunStopped(RunFailed):
     """The run was stopped by a signal after its last complete step (`--resume` continues it)."""
+
+
+SAMPLES_SUPERSEDED = "samples.superseded.jsonl"
+
+
+def cut_samples(path: Path, version: int) -> int:
+    """samples.jsonl ends at step `version`, as metrics.jsonl does on a resume: the samples logged by later steps
+    (lost with the trainer that trained them, logged again when retrained) move to samples.superseded.jsonl beside
+    it. Atomic (the file is replaced). Returns how many moved."""
+    if not path.exists():
+        return 0
+    kept: list[str] = []
+    moved: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            step = int(json.loads(line).get("step", 0))
+        except (ValueError, AttributeError, TypeError):
+            step = version + 1  # a line cut short by a crash: not kept
+        (kept if step <= version else moved).append(line if line.endswith("\n") else line + "\n")
+    if not moved:
+        return 0
+    with open(path.with_name(SAMPLES_SUPERSEDED), "a", encoding="utf-8") as fh:
+        fh.writelines(moved)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(kept), encoding="utf-8")
+    os.replace(tmp, path)
+    return len(moved)
 
 
 def lost_groups(exc: grpc.aio.AioRpcError, step: StepAssignment) -> set[int] | None:
@@ -626,6 +654,11 @@ class Orchestrator:
         moved = cut_to_version(self.metrics_path, version if resumed else -1)
         if moved:
             log.info("metrics.jsonl cut back to version %d: %d lines moved to %s", version, moved, SUPERSEDED)
+        samples = Path(self.run_cfg.log_path) / SAMPLES_FILE  # the logged samples of those steps go the same way
+        if moved := cut_samples(samples, version if resumed else -1):
+            log.info(
+                "%s cut back to version %d: %d samples moved to %s", samples.name, version, moved, SAMPLES_SUPERSEDED
+            )
         if resumed and self.metrics_path.exists():
             # Evaluations of versions up to the resumed one stand: they are not run (and written) again.
             for line in one_per_step(read_lines(self.metrics_path))[1]:
