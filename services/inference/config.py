@@ -67,6 +67,11 @@ class InferenceConfig(BaseModel):
         description="Weight/compute dtype the replica serves (and so the dtype weight versions must travel in); "
         "None = bfloat16 on a GPU (vLLM), float32 on CPU and on the hf engine (exact logprobs).",
     )
+    device: str | None = Field(
+        None,
+        description="hf engine: torch device of the model, its KV cache and batch (cpu, cuda, cuda:1); None = cuda "
+        "when a GPU is visible, else cpu. vLLM places itself.",
+    )
     seed: int = Field(0, ge=0, description="Engine seed (for requests that carry none).")
     max_num_seqs: int | None = Field(
         None, ge=1, description="Sequences decoded together at most; None = the engine's default (hf 64, vLLM's own)."

@@ -34,11 +34,13 @@ class KVBatch:
 
     def __init__(self, model: Any) -> None:
         self._model = model
+        # Every tensor of the batch (ids, masks, positions, the cache) lives where the model does.
+        self.device = getattr(model, "device", None) or torch.device("cpu")
         self.rows: list[Any] = []
         self._cache: Any = None
-        self._mask_BT = torch.zeros(0, 0, dtype=torch.long)
-        self.next_B = torch.zeros(0, dtype=torch.long)
-        self.pos_B = torch.zeros(0, dtype=torch.long)
+        self._mask_BT = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+        self.next_B = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.pos_B = torch.zeros(0, dtype=torch.long, device=self.device)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -59,6 +61,7 @@ class KVBatch:
         for g, prompt in enumerate(prompts):
             ids_GL[g, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
             mask_GL[g, width - len(prompt) :] = 1
+        ids_GL, mask_GL = ids_GL.to(self.device), mask_GL.to(self.device)
         cache = DynamicCache(config=self._model.config)
         out = self._model(
             input_ids=ids_GL,
@@ -68,13 +71,13 @@ class KVBatch:
             use_cache=True,
             logits_to_keep=1,
         )
-        expand = torch.tensor([g for g, rows in enumerate(rows_per_prompt) for _ in rows])
+        expand = torch.tensor([g for g, rows in enumerate(rows_per_prompt) for _ in rows], device=self.device)
         pad_G1L1 = (mask_GL == 0)[:, None, :, None]
         for layer in cache.layers:
             layer.keys = layer.keys.masked_fill(pad_G1L1, 0.0).index_select(0, expand)
             layer.values = layer.values.masked_fill(pad_G1L1, 0.0).index_select(0, expand)
         new_rows = [row for rows in rows_per_prompt for row in rows]
-        pos_B = torch.tensor([len(prompts[g]) for g in expand.tolist()], dtype=torch.long)
+        pos_B = torch.tensor([len(prompts[g]) for g in expand.tolist()], dtype=torch.long, device=self.device)
         self._join(new_rows, cache, mask_GL.index_select(0, expand), pos_B)
         return out.logits[:, -1].index_select(0, expand).float()
 
@@ -82,7 +85,7 @@ class KVBatch:
     def decode(self) -> torch.Tensor:
         """Feed every row's next token; return next-token logits [B, V]."""
         rows = len(self.rows)
-        self._mask_BT = torch.cat([self._mask_BT, torch.ones(rows, 1, dtype=torch.long)], dim=1)
+        self._mask_BT = torch.cat([self._mask_BT, torch.ones(rows, 1, dtype=torch.long, device=self.device)], dim=1)
         out = self._model(
             input_ids=self.next_B[:, None],
             attention_mask=self._mask_BT,
@@ -96,7 +99,7 @@ class KVBatch:
     def _join(self, rows: list[Any], cache: Any, mask_BT: torch.Tensor, pos_B: torch.Tensor) -> None:
         if not self.rows:
             self.rows, self._cache, self._mask_BT, self.pos_B = list(rows), cache, mask_BT, pos_B
-            self.next_B = torch.zeros(len(rows), dtype=torch.long)
+            self.next_B = torch.zeros(len(rows), dtype=torch.long, device=self.device)
             return
         width = max(self.cache_len, mask_BT.shape[1])
         for old, new in zip(self._cache.layers, cache.layers, strict=True):
@@ -104,7 +107,7 @@ class KVBatch:
             old.values = torch.cat([_left_pad(old.values, width, 2), _left_pad(new.values, width, 2)])
         self._mask_BT = torch.cat([_left_pad(self._mask_BT, width, 1), _left_pad(mask_BT, width, 1)])
         self.pos_B = torch.cat([self.pos_B, pos_B])
-        self.next_B = torch.cat([self.next_B, torch.zeros(len(rows), dtype=torch.long)])
+        self.next_B = torch.cat([self.next_B, torch.zeros(len(rows), dtype=torch.long, device=self.device)])
         self.rows.extend(rows)
 
     def rebuild(self, contexts: list[list[int]]) -> None:
@@ -124,10 +127,10 @@ class KVBatch:
             return
         if not indices:
             self.rows, self._cache = [], None
-            self._mask_BT = torch.zeros(0, 0, dtype=torch.long)
-            self.next_B = self.pos_B = torch.zeros(0, dtype=torch.long)
+            self._mask_BT = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+            self.next_B = self.pos_B = torch.zeros(0, dtype=torch.long, device=self.device)
             return
-        index = torch.tensor(indices)
+        index = torch.tensor(indices, device=self.device)
         self.rows = [self.rows[i] for i in indices]
         mask_BT = self._mask_BT.index_select(0, index)
         start = int(mask_BT.any(dim=0).long().argmax())  # first column some row still uses

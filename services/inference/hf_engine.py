@@ -99,9 +99,13 @@ class HFEngine(InferenceEngine):
         seed: int = 0,
         request_timeout_s: float = 600.0,
         max_lora_rank: int = 0,
+        device: str = "cpu",
     ) -> None:
-        """max_lora_rank: the largest LoRA adapter rank accepted (0 = full-weight versions only)."""
+        """max_lora_rank: the largest LoRA adapter rank accepted (0 = full-weight versions only); device: where the
+        model, its KV cache and the batch live (cpu, cuda, cuda:1; sampling runs on the CPU, one row's
+        generator each)."""
         self.model_path = str(model_path)
+        self._device = torch.device(device)
         self.loaded_version = 0
         self.loaded_checksum = ""
         self._max_num_seqs = max_num_seqs
@@ -138,6 +142,7 @@ class HFEngine(InferenceEngine):
 
         check_model_path(self.model_path)
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self._dtype)
+        model.to(self._device)
         model.eval()
         eos: set[int] = set()
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
@@ -291,7 +296,7 @@ class HFEngine(InferenceEngine):
             base = self._lora_base.get(layer.weight)
             if base is None:  # not adapted yet, so the live weight is the base
                 base = self._lora_base[layer.weight] = self._state[layer.weight].detach().clone()
-            delta = tensors[layer.lora_b].float() @ tensors[layer.lora_a].float()
+            delta = tensors[layer.lora_b].to(base.device).float() @ tensors[layer.lora_a].to(base.device).float()
             merged[layer.weight] = (base.float() + plan.scaling * delta).to(base.dtype)
         adapted = frozenset(merged)
         for name in self._lora_adapted - adapted:
@@ -358,6 +363,7 @@ class HFEngine(InferenceEngine):
     def _sample_and_record(self, logits_BV: torch.Tensor, new_rows: int) -> None:
         """Sample for the last `new_rows` rows of the batch (all rows after a decode step)."""
         offset = len(self._batch) - new_rows
+        logits_BV = logits_BV.cpu()  # sampling (per-row CPU generators) runs on the CPU
         seqs: list[_Seq] = self._batch.rows[offset:]
         reqs = [s.group.request for s in seqs]
         temperature_B = torch.tensor([r.temperature for r in reqs], dtype=torch.float32)
@@ -368,7 +374,7 @@ class HFEngine(InferenceEngine):
             torch.tensor([r.top_p for r in reqs], dtype=torch.float32),
         )
         token_B, logprob_B = sample_tokens(logprobs_BV, temperature_B <= 0, [s.generator for s in seqs])
-        self._batch.next_B[offset:] = token_B
+        self._batch.next_B[offset:] = token_B.to(self._batch.device)
         version = self.loaded_version
         positions = self._batch.pos_B[offset:].tolist()
         for seq, token, logprob, pos in zip(seqs, token_B.tolist(), logprob_B.tolist(), positions, strict=True):

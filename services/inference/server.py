@@ -188,6 +188,13 @@ def create_server(config: InferenceConfig, engine: InferenceEngine) -> Inference
     return InferenceService(config, engine, server, port, metrics, relay)
 
 
+def hf_default_device() -> str:
+    """cuda when a GPU is visible to this process (fleetrl up and compose set CUDA_VISIBLE_DEVICES per replica)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def make_engine(config: InferenceConfig) -> InferenceEngine:
     """The engine the config asks for (vLLM imported only when chosen)."""
     if config.engine == "hf":
@@ -200,6 +207,7 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
             seed=config.seed,
             request_timeout_s=config.request_timeout_s,
             max_lora_rank=config.max_lora_rank,
+            device=config.device or hf_default_device(),
         )
     from fleetrl.services.inference.vllm_engine import VLLMEngine
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from fleetrl.services.inference.config import InferenceConfig, InferenceConfigError
 from fleetrl.services.inference.launcher import build_parser, config_from_args, main
@@ -124,3 +125,17 @@ def test_advertise_host_names_the_replica_for_its_controller_and_its_relay() -> 
             await service.grpc_server.stop(None)
 
     assert asyncio.run(relay_address()).startswith("tcp://inference-2.fleetrl-inference:")
+
+
+def test_the_hf_engine_takes_a_device(tmp_path: Path) -> None:
+    """The hf engine ran on the CPU whatever the machine (no device setting): on a GPU machine `fleetrl up`'s hf
+    replicas (the GPU check's end-to-end run) computed on the CPU."""
+    from fleetrl.services.inference.server import hf_default_device, make_engine
+
+    flags = ["--model", str(tmp_path), "--engine", "hf"]
+    config = config_from_args(build_parser().parse_args([*flags, "--device", "cuda:1"]))
+    assert config.device == "cuda:1"
+    engine = make_engine(config)  # built, not started: no model is loaded
+    assert engine._device == torch.device("cuda", 1)
+    default = make_engine(config_from_args(build_parser().parse_args(flags)))
+    assert str(default._device) == hf_default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
