@@ -10,6 +10,16 @@ from collections.abc import Iterator
 import pytest
 
 from fleetrl.tiny_model import build_tiny_model
+from tests.lanes import pytest_collection_finish, pytest_deselected  # noqa: F401  (CI's lane check, .ci/run)
+from tests.skip_policy import (  # noqa: F401  (pytest finds hooks by name: the expected skips, FLEETRL_STRICT_SKIPS)
+    pytest_collectreport,
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_sessionstart,
+    pytest_terminal_summary,
+)
 
 
 @pytest.fixture
