@@ -19,6 +19,11 @@ class LeaseSignal:
         self._waiters: set[asyncio.Future] = set()
         self.notifications = 0
 
+    @property
+    def waiting(self) -> int:
+        """How many callers wait now (what a test waits on before it changes what they wait for)."""
+        return len(self._waiters)
+
     def notify(self) -> None:
         """Something that may make rows leasable changed: wake every waiter."""
         self.notifications += 1
