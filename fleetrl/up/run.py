@@ -294,6 +294,13 @@ def _address(info: dict[str, Any]) -> str:
     return f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
 
 
+def gpu_serving_dtype(run: Config, up: UpConfig) -> str | None:
+    """bfloat16 when the replicas run on GPUs (`inference_gpus`) and the run leaves `inference_dtype` unset: the
+    trainer then publishes bf16 and the replicas serve it (half the bytes per push, vLLM's GPU default) instead of
+    float32 inherited from the trainer's master weights; None keeps the run's own setting."""
+    return "bfloat16" if up.inference_gpus is not None and run.inference_dtype is None else None
+
+
 def needs_reference(run: Config) -> bool:
     """A KL reference is needed for kl_beta > 0 with full fine-tuning; a LoRA trainer disables its adapter instead."""
     return run.kl_beta > 0 and not run.lora
@@ -361,7 +368,10 @@ def _start_stack(
     replicas = []
     for i in range(up.replicas):
         args = [*model, "--engine", up.engine, *_pick_ports("grpc", "http", "metrics"), "--seed", str(run.seed + i)]
-        args += ["--dtype", run.inference_dtype or run.dtype]  # the dtype the trainer publishes in
+        args += [
+            "--dtype",
+            gpu_serving_dtype(run, up) or run.inference_dtype or run.dtype,
+        ]  # the trainer publishes in it
         args += lora_flags(run)
         env = {**(share("inference") if up.engine == "hf" else {}), **up.replica_env(i)}
         if up.inference_tensor_parallel_size > 1:
@@ -375,6 +385,8 @@ def _start_stack(
     elif needs_reference(run):  # a frozen copy in the trainer's ranks, on its device and compute dtype
         reference_args = ["--reference", "local"]
     trainer_args = [*common, *_pick_ports("grpc", "groups", "weights", "metrics"), *reference_args, *resume_flag]
+    if (serving := gpu_serving_dtype(run, up)) is not None:
+        trainer_args += ["--set", f"inference_dtype={serving}"]  # publish in the dtype the replicas serve
     if up.trainer_gpus is not None and "--device" not in up.trainer_args:
         trainer_args += ["--device", "cuda"]
     if up.trainer_sharding != "fsdp":
