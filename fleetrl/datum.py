@@ -61,6 +61,9 @@ class Batch:
     rollout_logprobs_BT: torch.Tensor  # float
     attention_mask_BT: torch.Tensor  # long, 1 on real positions
     lengths_B: torch.Tensor  # long, N-1 per datum
+    versions_BT: torch.Tensor | None = None
+    """long: the policy version that sampled each target token, -1 where unknown (a datum without versions,
+    padding); None when no datum of the batch has versions."""
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -87,7 +90,13 @@ def collate(datums: Sequence[Datum], pad_token_id: int = 0, pad_to: int | None =
         rollout[i, :k] = torch.tensor(d.rollout_logprobs, dtype=torch.float32)
         attention[i, :k] = 1
     lengths = torch.tensor([len(d) for d in datums], dtype=torch.long)
-    return Batch(inputs, targets, mask, rollout, attention, lengths)
+    versions: torch.Tensor | None = None
+    if any(d.versions is not None for d in datums):
+        versions = torch.full((n, width), -1, dtype=torch.long)
+        for i, d in enumerate(datums):
+            if d.versions is not None:
+                versions[i, : len(d.versions)] = torch.tensor(d.versions, dtype=torch.long)
+    return Batch(inputs, targets, mask, rollout, attention, lengths, versions)
 
 
 def samples_to_batch(samples: Sequence[RolloutSample], pad_token_id: int = 0, pad_to: int | None = None) -> Batch:

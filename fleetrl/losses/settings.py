@@ -107,16 +107,24 @@ _DEFAULTS = LossSettings()
 
 
 def check_loss_name(name: str) -> None:
-    """Raise a ValueError naming the supported losses when `name` is not one of them."""
-    if name not in LOSS_NAMES:
-        raise ValueError(f"unknown policy loss {name!r}; supported: {', '.join(LOSS_NAMES)}")
+    """Raise a ValueError naming the supported losses when `name` is neither one of them nor reads as the import
+    path of a custom loss (fleetrl.losses.custom; nothing is imported here)."""
+    from fleetrl.losses.custom import is_loss_path
+
+    if not isinstance(name, str) or not (name in LOSS_NAMES or is_loss_path(name)):
+        raise ValueError(
+            f"unknown policy loss {name!r}; supported: {', '.join(LOSS_NAMES)}, or a custom loss's import path "
+            "('package.module:function', 'package.module.function' or 'path/to/file.py:function')"
+        )
 
 
 def resolve_loss_settings(name: str, cfg: object | None = None) -> LossSettings:
     """The settings `policy_loss(name, ...)` runs with: `cfg`'s values, defaults for the rest.
 
-    eps_clip / eps_clip_high come back filled with the loss's own defaults when unset; every value is
-    validated, so a bad config fails here with the field's name.
+    eps_clip / eps_clip_high come back filled with the loss's own defaults when unset (0.2 / 0.2 for a custom
+    loss); every value is validated, so a bad config fails here with the field's name. A custom loss (an import
+    path) is imported and given a trial call on tiny tensors once per process and settings
+    (fleetrl.losses.custom.check_custom_loss): a bad one fails here with a ValueError naming `policy_loss`.
     """
     check_loss_name(name)
     values: dict[str, Any] = {}
@@ -128,4 +136,9 @@ def resolve_loss_settings(name: str, cfg: object | None = None) -> LossSettings:
         values["eps_clip"] = eps_low
     if values["eps_clip_high"] is None:
         values["eps_clip_high"] = eps_high
-    return LossSettings(**values)
+    settings = LossSettings(**values)
+    if name not in LOSS_NAMES:
+        from fleetrl.losses.custom import check_custom_loss
+
+        check_custom_loss(name, settings)
+    return settings

@@ -5,44 +5,19 @@ the batch), inf = rollout_logprobs (sampler), ref = ref_logprobs, A = the sample
 w = the TIS weight (fleetrl.losses.tis), sg = stop-gradient, and every log-ratio clamped to [-20, 20]
 before exp(); r = exp(pi - old). Each function returns the per-token loss [B, T] (before masking and
 aggregation) plus what the metrics need. Inputs arrive sanitised: masked-out positions hold 0 in
-every tensor, and old/inf/ref/A/w are detached.
+every tensor, and old/inf/ref/A/w are detached. The contract (LossInputs, TokenLoss) is fleetrl.losses.contract;
+a custom loss has the same signature and may use the helpers here (log_ratio, k3_kl, clipped_surrogate).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from fleetrl.losses.aggregation import masked_mean
+from fleetrl.losses.contract import LossInputs, TokenLoss
 from fleetrl.losses.settings import LOG_RATIO_CLAMP, LossSettings
-
-
-@dataclasses.dataclass(frozen=True)
-class LossInputs:
-    """Sanitised inputs of a per-token loss, all [B, T] except `advantages_B1` ([B, 1])."""
-
-    logprobs: torch.Tensor
-    old_logprobs: torch.Tensor
-    rollout_logprobs: torch.Tensor
-    ref_logprobs: torch.Tensor | None
-    advantages_B1: torch.Tensor
-    mask: torch.Tensor
-    tis_weights: torch.Tensor
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenLoss:
-    """A per-token loss and the detached quantities its metrics are built from."""
-
-    loss_BT: torch.Tensor
-    ratio_BT: torch.Tensor
-    """The importance ratio the loss used (r per token; gspo: the sequence ratio s)."""
-    clipped_BT: torch.Tensor
-    """bool: tokens where the clip is in effect (their surrogate gradient is cut)."""
-    extra_BT: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
-    """Further per-token indicators, reported as their masked mean under their key."""
 
 
 def log_ratio(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

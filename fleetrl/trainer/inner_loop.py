@@ -337,6 +337,7 @@ class InnerLoop:
                 mask,
                 ref_logprobs=ref_BT if self.cfg.kl_beta > 0 else None,
                 cfg=settings,
+                versions=batch.versions_BT.to(self.device) if batch.versions_BT is not None else None,
             )
             scale = part_loss_scale(settings.loss_agg_mode, mask, totals)
             # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
