@@ -147,7 +147,11 @@ class Config(BaseModel):
     )
 
     # --- loss ---
-    policy_loss: str = Field("grpo", description="One of fleetrl.losses.LOSS_NAMES.")
+    policy_loss: str = Field(
+        "grpo",
+        description="One of fleetrl.losses.LOSS_NAMES, or a custom loss: an import path ('pkg.module:fn', "
+        "'pkg.module.fn', 'file.py:fn') or, in Python, a module-level function (docs/losses.md).",
+    )
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
     loss_agg_constant: float | None = Field(
         None, gt=0, description="Dr. GRPO normaliser for seq-mean-token-sum-norm; None = T."
@@ -213,6 +217,19 @@ class Config(BaseModel):
     )
     log_samples_count: int = Field(4, ge=1, description="Samples logged per logging step.")
 
+    @field_validator("policy_loss", mode="before")
+    @classmethod
+    def _loss_name_or_path(cls, value: Any) -> Any:
+        """A function becomes its import path (the trainer, another process, imports it by name); a string must be
+        a built-in loss or read as an import path (it is imported and tried when the trainer starts)."""
+        from fleetrl.losses.custom import check_loss_path, loss_import_path
+
+        if callable(value) and not isinstance(value, str):
+            return loss_import_path(value)
+        if isinstance(value, str):
+            check_loss_path(value)
+        return value
+
     @field_validator("loggers")
     @classmethod
     def _known_loggers(cls, value: list[str]) -> list[str]:
@@ -262,8 +279,6 @@ class Config(BaseModel):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
-        from fleetrl.losses import LOSS_NAMES
-
         g = self.completions_per_prompt
         if g < 2:
             raise ValueError(f"completions_per_prompt must be >= 2 for group advantages, got {g}")
@@ -274,8 +289,6 @@ class Config(BaseModel):
                 f"max_concurrency ({self.max_concurrency}) must be >= completions_per_prompt ({g}):"
                 " a row of G samples could never be admitted"
             )
-        if self.policy_loss not in LOSS_NAMES:
-            raise ValueError(f"policy_loss {self.policy_loss!r} is not one of {list(LOSS_NAMES)}")
         if self.min_group_size > g:
             raise ValueError(f"min_group_size ({self.min_group_size}) must be <= completions_per_prompt ({g})")
         if isinstance(self.max_seq_len, int) and self.max_completion_tokens >= self.max_seq_len:
