@@ -11,20 +11,25 @@ import pytest
 
 from fleetrl.clients.inference_types import SamplingRequest
 from fleetrl.sampler_coalesce import RequestCoalescer, chunks, merged_request, split_completions
+from tests.waiting import async_wait_until
 
 
 class Engine:
-    """A fake send: answers each completion with its seed (so a caller can tell whose completion it got)."""
+    """A fake send: answers each completion with its seed (so a caller can tell whose completion it got). With
+    `held`, a request is answered only once the test sets `release` (it is in flight until then)."""
 
-    def __init__(self, delay_s: float = 0.0, error: BaseException | None = None, short: bool = False) -> None:
+    def __init__(self, held: bool = False, error: BaseException | None = None, short: bool = False) -> None:
         self.requests: list[SamplingRequest] = []
         self.cancelled = 0
-        self.delay_s, self.error, self.short = delay_s, error, short
+        self.release = asyncio.Event()
+        if not held:
+            self.release.set()
+        self.error, self.short = error, short
 
     async def send(self, request: SamplingRequest) -> list[int | None]:
         self.requests.append(request)
         try:
-            await asyncio.sleep(self.delay_s)
+            await asyncio.wait_for(self.release.wait(), 30.0)
         except asyncio.CancelledError:
             self.cancelled += 1
             raise
@@ -105,11 +110,13 @@ async def test_merged_requests_are_cut_at_max_n():
 
 
 async def test_a_cancelled_caller_does_not_cancel_the_others():
-    engine = Engine(delay_s=0.05)
+    engine = Engine(held=True)
     coalescer = RequestCoalescer(engine.send)
     calls = [asyncio.ensure_future(coalescer.generate(req(seed=i))) for i in range(3)]
-    await asyncio.sleep(0.01)  # sent
+    await async_wait_until(lambda: engine.requests, 5.0, "the merged request sent")
     calls[1].cancel()
+    await async_wait_until(calls[1].done, 5.0, "the caller gone while its request is in flight")
+    engine.release.set()
     assert await calls[0] == [0] and await calls[2] == [2]
     assert calls[1].cancelled() and engine.cancelled == 0
 
@@ -118,21 +125,22 @@ async def test_a_caller_cancelled_while_held_is_left_out():
     engine = Engine()
     coalescer = RequestCoalescer(engine.send)
     calls = [asyncio.ensure_future(coalescer.generate(req(seed=i))) for i in range(3)]
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # one loop turn, no time: the calls are held (the flush comes two turns later)
+    assert not engine.requests
     calls[0].cancel()
     assert await calls[1] == [1] and await calls[2] == [2]
     assert engine.requests[0].seeds == (1, 2)
 
 
 async def test_the_request_is_cancelled_once_every_caller_has_gone():
-    engine = Engine(delay_s=5.0)
+    engine = Engine(held=True)
     coalescer = RequestCoalescer(engine.send)
     calls = [asyncio.ensure_future(coalescer.generate(req(seed=i))) for i in range(2)]
-    await asyncio.sleep(0.01)
+    await async_wait_until(lambda: engine.requests, 5.0, "the merged request sent")
     for call in calls:
         call.cancel()
-    await asyncio.sleep(0.01)
-    assert engine.cancelled == 1
+    await async_wait_until(lambda: engine.cancelled, 5.0, "the request cancelled")
+    assert engine.cancelled == 1 and len(engine.requests) == 1
 
 
 async def test_a_failed_request_fails_every_caller_with_its_error():

@@ -16,6 +16,7 @@ from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.v1 import controller_pb2
+from tests.waiting import async_wait_until
 
 
 def make(tmp_path, gateways: list[str]) -> tuple[ControllerServicer, Orchestrator]:
@@ -37,13 +38,22 @@ class Context:
         raise AssertionError(f"aborted: {code} {details}")
 
 
-async def test_the_wait_ends_once_every_live_gateway_was_told(tmp_path):
+async def test_the_wait_ends_once_every_live_gateway_was_told(tmp_path, monkeypatch):
     servicer, orch = make(tmp_path, ["a", "b"])
+    checks = []  # the gateways told, each time the live gateways were looked up (what the wait compares)
+    alive = orch.members.alive
+
+    def counted_alive(kind, now):
+        if kind == "gateway":
+            checks.append(set(orch.told_finished))
+        return alive(kind, now)
+
+    monkeypatch.setattr(orch.members, "alive", counted_alive)
     orch.finished = True
     waiting = asyncio.create_task(orch.wait_gateways_told(timeout_s=30.0))
     await servicer.LeaseRows(controller_pb2.LeaseRowsRequest(gateway_id="a", max_rows=1), Context())
-    await asyncio.sleep(0.1)
-    assert not waiting.done()  # b has not heard yet
+    await async_wait_until(lambda: {"a"} in checks, 5.0, "the wait to look again once a was told")
+    assert not waiting.done()  # it saw b had not heard yet, and waits on
     await servicer.Heartbeat(controller_pb2.HeartbeatRequest(member_id="b"), Context())
     await asyncio.wait_for(waiting, 5.0)
     assert orch.told_finished == {"a", "b"}

@@ -23,6 +23,7 @@ from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.services.controller.servicer import ControllerServicer
 from fleetrl.v1 import controller_pb2
+from tests.waiting import async_wait_until
 
 NOW = 1000.0
 
@@ -52,7 +53,7 @@ async def test_a_held_call_leases_as_soon_as_leasing_opens(tmp_path, monkeypatch
     monkeypatch.setattr(servicer_module, "LEASE_RECHECK_S", 30.0)  # only the notification can wake it
     servicer, orch = make(tmp_path)
     call = asyncio.create_task(servicer.LeaseRows(request(wait_s=5.0), Context()))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: orch.lease_signal.waiting == 1, 5.0, "the call held on the lease signal")
     assert not call.done()  # nothing leasable: held, not answered "retry later"
     orch.started = True
     orch.lease_signal.notify()
@@ -64,7 +65,7 @@ async def test_a_held_call_sees_an_unsignalled_change_at_the_next_recheck(tmp_pa
     monkeypatch.setattr(servicer_module, "LEASE_RECHECK_S", 0.02)
     servicer, orch = make(tmp_path)
     call = asyncio.create_task(servicer.LeaseRows(request(wait_s=5.0), Context()))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: orch.lease_signal.waiting == 1, 5.0, "the call held on the lease signal")
     orch.started = True  # no notify
     reply = await asyncio.wait_for(call, 2.0)
     assert len(reply.rows) == 4
@@ -83,7 +84,7 @@ async def test_the_run_finishing_answers_a_held_call_at_once(tmp_path, monkeypat
     monkeypatch.setattr(servicer_module, "LEASE_RECHECK_S", 30.0)
     servicer, orch = make(tmp_path)
     call = asyncio.create_task(servicer.LeaseRows(request(wait_s=5.0), Context()))
-    await asyncio.sleep(0.05)
+    await async_wait_until(lambda: orch.lease_signal.waiting == 1, 5.0, "the call held on the lease signal")
     orch.finished = orch.completed = True  # run() ended after finish()
     orch.lease_signal.notify()
     reply = await asyncio.wait_for(call, 2.0)
@@ -114,7 +115,7 @@ async def test_wait_s_is_capped(tmp_path, monkeypatch):
 async def test_lease_signal_wakes_every_current_waiter_once():
     signal = LeaseSignal()
     waiters = [asyncio.create_task(signal.wait(5.0)) for _ in range(3)]
-    await asyncio.sleep(0.01)
+    await async_wait_until(lambda: signal.waiting == 3, 5.0, "three waiters")
     signal.notify()
     assert await asyncio.wait_for(asyncio.gather(*waiters), 1.0) == [True, True, True]
     assert await signal.wait(0.01) is False  # a later waiter waits for the next notification
@@ -139,15 +140,29 @@ async def test_max_leased_leases_the_gateways_free_capacity_when_the_call_is_ans
 
 
 async def test_a_gateway_that_goes_away_during_a_held_call_is_leased_nothing(tmp_path, monkeypatch):
-    """Over real gRPC: the gateway's held call is cancelled (it died or hung up); when the gate then opens, no row
-    is leased to it. gRPC cancels the held handler, so it never leases rows nobody would receive (a handler that
-    swallowed the cancellation and leased anyway fails this test)."""
+    """Over real gRPC: the gateway's held call is cancelled (it died or hung up) while the controller holds it;
+    when the gate then opens, no row is leased to it. gRPC cancels the held handler, so it never leases rows nobody
+    would receive: the test sees the call held on the controller, the handler end cancelled, and then nothing leased
+    once leasing opens (a handler that swallowed the cancellation and leased anyway, or answered, fails it)."""
     import grpc
 
     from fleetrl.v1 import controller_pb2_grpc
 
     monkeypatch.setattr(servicer_module, "LEASE_RECHECK_S", 30.0)
     servicer, orch = make(tmp_path)
+    handler_ended: list[str] = []
+    lease_rows = servicer.LeaseRows
+
+    async def recorded(request, context):
+        try:
+            reply = await lease_rows(request, context)
+        except asyncio.CancelledError:
+            handler_ended.append("cancelled")
+            raise
+        handler_ended.append(f"answered with {len(reply.rows)} rows")
+        return reply
+
+    servicer.LeaseRows = recorded  # what the server calls (bound when it is registered below)
     server = grpc.aio.server()
     controller_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -155,12 +170,15 @@ async def test_a_gateway_that_goes_away_during_a_held_call_is_leased_nothing(tmp
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             call = controller_pb2_grpc.ControllerStub(channel).LeaseRows(request(wait_s=5.0))
-            await asyncio.sleep(0.2)  # held on the controller
+            await async_wait_until(lambda: orch.lease_signal.waiting == 1, 10.0, "the call held on the controller")
             call.cancel()
-        await asyncio.sleep(0.2)
+            await async_wait_until(lambda: handler_ended, 10.0, "the held handler to end")
+        assert handler_ended == ["cancelled"]
+        assert orch.lease_signal.waiting == 0  # nothing left waiting to lease when the gate opens
         orch.started = True
         orch.lease_signal.notify()
-        await asyncio.sleep(0.2)
+        await LeaseSignal.yield_to_waiters()
         assert servicer.scheduler.leased_to("gw") == 0
+        assert len(servicer.scheduler.lease("other", 4, NOW)) == 4  # the rows are there for a gateway that asks
     finally:
         await server.stop(None)

@@ -3,7 +3,9 @@
 were finishing: the controller counts that reply as having told the gateway and may be gone by the next call.
 
 A real gRPC controller stand-in on loopback: the first lease gives one row; the next call (held, as a real
-controller holds it) answers run_finished once the row is reported, and the server then stops.
+controller holds it) answers run_finished once the row is reported, and the server then stops. The report's own
+reply waits until the gateway has exited, so the row's task is still running when the finished reply comes: an
+order the stand-in sets with events, not one a delay makes likely.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Controller(controller_pb2_grpc.ControllerServicer):
         self.requests: list[controller_pb2.LeaseRowsRequest] = []
         self.reported = asyncio.Event()
         self.told = asyncio.Event()
+        self.gateway_exited = asyncio.Event()
 
     async def Register(self, request, context):
         return controller_pb2.RegisterResponse(heartbeat_interval_s=2.0, run_id="r")
@@ -41,8 +44,8 @@ class Controller(controller_pb2_grpc.ControllerServicer):
         return controller_pb2.LeaseRowsResponse(run_finished=True, retry_after_s=0.2)
 
     async def ReportRows(self, request, context):
-        await asyncio.sleep(0.05)  # the row's task is still running when the held call answers
         self.reported.set()
+        await asyncio.wait_for(self.gateway_exited.wait(), 30.0)  # the row's task waits for this reply meanwhile
         return controller_pb2.ReportRowsResponse(results=["failed"])
 
 
@@ -65,6 +68,7 @@ async def run_against(controller: Controller, rollout_factory, **config) -> Gate
     try:
         assert await asyncio.wait_for(gateway.run(), 20.0) == 0  # before either fix: retried a gone controller
     finally:
+        controller.gateway_exited.set()
         if not controller.told.is_set():  # the gateway failed or hung: do not wait for a reply never sent
             stopper.cancel()
         await asyncio.gather(stopper, return_exceptions=True)
@@ -83,7 +87,8 @@ async def test_the_gateway_holds_its_lease_calls_and_exits_on_the_finished_reply
     controller = Controller()
     gateway = await run_against(controller, make_rollout_fn, lease_wait_s=0.5)
     assert [r.wait_s for r in controller.requests] == [0.5, 0.5]
-    assert gateway.counters["rows_done"] == 1
+    assert controller.reported.is_set()
+    assert gateway.counters["rows_done"] == 0  # its task still waited for the report's reply: cancelled at the exit
 
 
 class HeartbeatTellsController(Controller):
