@@ -10,12 +10,15 @@ evicts its other attempts.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from fleetrl.rollout_group import RolloutGroup
+
+log = logging.getLogger(__name__)
 
 GroupKey = tuple[int, int]
 """(row_id, attempt); attempt 0 in a step's request means whichever attempt of the row arrived."""
@@ -101,6 +104,7 @@ class GroupBuffer:
         """
         wanted = [(int(r[0]), int(r[1]), int(r[2]) if len(r) > 2 else 0) for r in refs]
         deadline = time.monotonic() + timeout_s
+        said = False
         with self._cond:
             while True:
                 live = [ref for ref in wanted if not self._is_trained(ref[0])]
@@ -110,6 +114,9 @@ class GroupBuffer:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise MissingGroupsError(missing, timeout_s)
+                if not said:  # once per wait: a step held by late groups shows in the log
+                    log.info("waiting up to %.1f s for the groups of rows %s", left, sorted(r for r, _ in missing))
+                    said = True
                 self._cond.wait(left)
 
     def wait_for_count(self, count: int, timeout_s: float) -> list[RolloutGroup]:
