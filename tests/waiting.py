@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable
 POLL_S = 0.01
 
 
-def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Return once ``predicate()`` is truthy; AssertionError naming ``what`` after ``timeout_s``."""
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, poll_s: float = POLL_S) -> None:
+    """Return once ``predicate()`` is truthy; AssertionError naming ``what`` after ``timeout_s``. ``poll_s``: a
+    longer period for a costly predicate (reading a growing log file)."""
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(POLL_S)
+        time.sleep(poll_s)
 
 
 async def async_wait_until(predicate: Callable[[], object | Awaitable[object]], timeout_s: float, what: str) -> None:

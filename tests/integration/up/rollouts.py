@@ -151,12 +151,16 @@ def make_flaky_rollout_fn(setup: RolloutSetup):
 
 def make_held_rollout_fn(setup: RolloutSetup):
     """The plain rollout, whose "tool call" after sampling waits while `extras["hold_file"]` exists: a test holds
-    the run still (no row finishes, no step) while it changes the replicas under it."""
+    the run still (no row finishes, no step) while it changes the replicas under it. `extras["tool_latency_s"]`
+    (default 0) makes the tool call slow too, as in `make_slow_rollout_fn`."""
     inner = make_rollout_fn(setup)
     hold = Path(setup.extras["hold_file"])
+    latency_s = float(setup.extras.get("tool_latency_s", 0.0))
 
     async def rollout_fn(row: dict) -> RolloutSample | None:
         sample = await inner(row)
+        if latency_s > 0:
+            await asyncio.sleep(latency_s)
         while hold.exists():
             await asyncio.sleep(0.05)
         return sample
