@@ -5,9 +5,9 @@ engine, /metrics, and the final HF export that the hf engine serves with the tra
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -23,6 +23,7 @@ from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
 from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
 from tests.integration.trainer.conftest import service_process
 from tests.unit.trainer.helpers import tiny_groups
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -98,15 +99,20 @@ def test_groups_in_steps_trained_weights_out(trainer, tiny_model_dir):
         asyncio.run(_train(grpc_address, 2, [2, 99], wait_s=0.3))
     assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "[99]" in info.value.details()
 
-    def late() -> None:
-        time.sleep(0.3)
+    # The step waits for row 99 (the trainer logs it), and only then does it arrive.
+    log_path = Path(trainer["log_path"])
+    logged_before = log_path.stat().st_size
+    with ThreadPoolExecutor(1) as pool:
+        second_call = pool.submit(asyncio.run, _train(grpc_address, 2, [2, 99], wait_s=60))
+
+        def waiting_for_99() -> bool:
+            return second_call.done() or "groups of rows [99]" in log_path.read_bytes()[logged_before:].decode()
+
+        wait_until(waiting_for_99, 60, "the trainer's step 2 waiting for row 99")
+        assert not second_call.done(), second_call.result()
         with GroupSender(trainer["groups_address"]) as s:
             s.send(groups[3])
-
-    sender_thread = threading.Thread(target=late)
-    sender_thread.start()
-    second = asyncio.run(_train(grpc_address, 2, [2, 99], wait_s=30))
-    sender_thread.join()
+        second = second_call.result(timeout=120)
     assert second.version == 2 and second.metrics["data/samples"] == 8  # row 2: 4 of 5 valid; row 99: 4
 
     status = asyncio.run(_rpc(grpc_address, "Status", trainer_pb2.TrainerStatusRequest()))
