@@ -170,6 +170,9 @@ class VLLMEngine(InferenceEngine):
         if kv_on_swap not in KV_ON_SWAP:
             raise ValueError(f"kv_on_swap must be one of {KV_ON_SWAP}, got {kv_on_swap!r}")
         self.kv_on_swap = kv_on_swap  # may be changed between loads (tests, bench/swap_pause.py)
+        # Tensor-parallel workers share one staged copy per host (vllm_worker.py): False gives each worker its own
+        # fetch, as before (bench/tp_push_memory.py compares the two).
+        self.shared_staging = True
         self._adapters = AdapterBook()  # the newest adapter version (new requests use it) and retiring ones
         self._next_lora_id = 1
         self._lora_dir: Path | None = None
@@ -552,6 +555,7 @@ class VLLMEngine(InferenceEngine):
                 "version": version,
                 "auth_token": auth_token,
                 "timeout_s": timeout_s,
+                "shared": self.shared_staging,
             }
             try:
                 transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)

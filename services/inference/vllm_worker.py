@@ -18,6 +18,14 @@ A load is three rpcs, so that the expensive part never blocks generation:
    layer's post-load processing, which the CPU backend needs because it prepacks linear weights for
    oneDNN and drops the originals, so a plain ``model.load_weights`` would not reach the kernels).
 
+One copy per replica: under tensor parallelism (more than one worker on this host), only the host's local rank 0
+fetches. It writes each verified tensor into a file in shared memory (/dev/shm, ``FLEETRL_SHM_DIR``) as it
+arrives, then an index (names, shapes, dtypes, offsets, checksum) that tells the other ranks the copy is complete;
+every rank, rank 0 included, maps that file and loads its shards from the mapping. The host then holds the version
+once (page cache shared by the mappings) instead of once per rank, and the weight stream serves it once per replica.
+Rank 0 unlinks the files when its copy is applied or discarded (the mappings stay valid until dropped). A handle with
+``"shared": False`` (or a one-worker replica) keeps a private copy per rank, as before.
+
 Everything that can reject a load runs in step 1, before the model is touched, so a rejected load leaves the
 previous version serving. ``fleetrl_discard_staged`` drops a staged copy that will not be applied.
 
@@ -28,7 +36,9 @@ the served dtype; tied aliases (``lm_head.weight`` of a tied model) may be missi
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +58,17 @@ _STAGING: dict[str, _Staged] = {}
 STAGE_FETCHING = "fetching"
 STAGE_READY = "ready"
 STAGE_FAILED = "failed"
+
+SHM_DIR_ENV = "FLEETRL_SHM_DIR"  # where shared staged copies go (default /dev/shm)
+_ALIGN = 64  # each tensor's offset in the shared file: any element size divides it
+_READER_LIMIT_S = 3600.0  # a rank waiting for rank 0's copy gives up after this (the engine discards sooner)
+_READER_POLL_S = 0.02
+
+
+def shared_paths(load_id: str) -> tuple[Path, Path]:
+    """The shared copy of `load_id`: its data file and its index (written last: the copy is complete)."""
+    base = Path(os.environ.get(SHM_DIR_ENV) or "/dev/shm") / f"fleetrl-weights-{load_id}"
+    return base.with_suffix(".bin"), base.with_suffix(".json")
 
 
 @dataclass(frozen=True)
@@ -143,6 +164,13 @@ class _Staged:
     transfer_s: float = 0.0
     tensors: list[tuple[str, Any]] = field(default_factory=list)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    owned_files: tuple[Path, ...] = ()  # the shared copy's files, when this rank wrote them
+
+    def release(self) -> None:
+        """Drop this rank's tensors and, where it wrote the shared copy, its files (mappings stay valid)."""
+        self.tensors = []
+        for path in self.owned_files:
+            path.unlink(missing_ok=True)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -195,6 +223,116 @@ def _fetch_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> No
     staged.state = STAGE_READY
 
 
+def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> None:
+    """Local rank 0 of a tensor-parallel replica: fetch, verify and validate one version into a shared-memory file
+    the other ranks map (runs in a background thread), then map it too."""
+    import torch
+
+    from fleetrl.services.inference.engine import WeightLoadError
+    from fleetrl.weights import WeightTransferError, iter_weights
+
+    start = time.perf_counter()
+    data_path, index_path = shared_paths(staged.load_id)
+    partial = index_path.with_suffix(".json.partial")
+    staged.owned_files = (index_path, partial, data_path)
+    try:
+        with iter_weights(
+            handle["address"],
+            staged.version,
+            timeout_s=float(handle.get("timeout_s", 120.0)),
+            auth_token=handle.get("auth_token"),
+            verify=True,
+            budget_floor_s=float(handle.get("timeout_s", 120.0)),
+        ) as stream:
+            check_manifest(stream.manifest, staged.version, spec)
+            manifest = stream.manifest
+            staged.nbytes = manifest.total_bytes
+            # Every tensor's place in the file, from the manifest; the file is written through a shared mapping, so
+            # its pages are this rank's mapping (and then every rank's) from the start, never a second copy.
+            offsets, size = {}, 0
+            for entry in manifest.tensors:
+                if entry.name not in spec.optional:
+                    offsets[entry.name] = size
+                    size += -(-entry.nbytes // _ALIGN) * _ALIGN
+            with open(data_path, "wb") as out:
+                out.truncate(size)
+            flat = torch.from_file(str(data_path), shared=True, size=size, dtype=torch.uint8) if size else None
+            entries = []
+            for name, tensor in stream:
+                if staged.cancelled.is_set():
+                    raise WeightLoadError("the load was cancelled")
+                if name in spec.optional:
+                    continue
+                raw = tensor.contiguous().reshape(-1).view(torch.uint8)
+                offset = offsets[name]
+                flat[offset : offset + raw.numel()].copy_(raw)
+                dtype = str(tensor.dtype).removeprefix("torch.")
+                entries.append({"name": name, "shape": list(tensor.shape), "dtype": dtype, "offset": offset})
+            del flat
+        index = {"version": staged.version, "checksum": manifest.checksum, "nbytes": manifest.total_bytes}
+        index.update(size=size, tensors=entries)
+        partial.write_text(json.dumps(index))
+        partial.rename(index_path)  # the other ranks see a complete copy or none
+        staged.tensors = _map_shared(data_path, index)
+    except (WeightTransferError, WeightLoadError, ValueError, OSError) as exc:
+        staged.release()
+        staged.error, staged.state = str(exc), STAGE_FAILED
+        return
+    except Exception as exc:  # a background thread must report every failure, not die silently
+        logger.exception("staging weights version %d failed", staged.version)
+        staged.release()
+        staged.error, staged.state = f"unexpected error while fetching: {exc!r}", STAGE_FAILED
+        return
+    staged.checksum = manifest.checksum
+    staged.transfer_s = time.perf_counter() - start
+    staged.state = STAGE_READY
+
+
+def _map_shared_from_rank0(staged: _Staged) -> None:
+    """Another rank of a tensor-parallel replica: wait for local rank 0's shared copy of the load and map it
+    (runs in a background thread). Stops when the load is discarded (rank 0 failed or the engine gave up)."""
+    data_path, index_path = shared_paths(staged.load_id)
+    start = time.perf_counter()
+    try:
+        while not index_path.exists():
+            if staged.cancelled.is_set():
+                raise RuntimeError("the load was cancelled")
+            if time.perf_counter() - start > _READER_LIMIT_S:
+                raise RuntimeError(f"rank 0's copy did not appear at {index_path} in {_READER_LIMIT_S:.0f} s")
+            time.sleep(_READER_POLL_S)
+        index = json.loads(index_path.read_text())
+        if index["version"] != staged.version:
+            raise RuntimeError(f"the shared copy at {index_path} is version {index['version']}, not {staged.version}")
+        staged.tensors = _map_shared(data_path, index)
+    except Exception as exc:  # reported to the engine as a failed stage
+        staged.error, staged.state = f"mapping the replica's shared copy failed: {exc}", STAGE_FAILED
+        return
+    staged.checksum = index["checksum"]
+    staged.nbytes = int(index["nbytes"])
+    staged.transfer_s = time.perf_counter() - start
+    staged.state = STAGE_READY
+
+
+def _map_shared(data_path: Path, index: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Tensors viewing the shared copy (a private, copy-on-write mapping: reading shares the pages)."""
+    import torch
+
+    size = int(index["size"])
+    if size == 0:
+        return []
+    flat = torch.from_file(str(data_path), shared=False, size=size, dtype=torch.uint8)
+    tensors = []
+    for e in index["tensors"]:
+        dtype = getattr(torch, e["dtype"])
+        count = 1
+        for dim in e["shape"]:
+            count *= dim
+        nbytes = count * torch.empty((), dtype=dtype).element_size()
+        piece = flat[e["offset"] : e["offset"] + nbytes].view(dtype).view(e["shape"])
+        tensors.append((e["name"], piece))
+    return tensors
+
+
 def fetch_checked(
     hf_config: Any,
     served_dtype: str,
@@ -223,7 +361,8 @@ def take_staged(load_id: str, version: int) -> list[tuple[str, Any]]:
     if staged.state != STAGE_READY or staged.version != version:
         raise ValueError(f"staged load {load_id} is {staged.state} (version {staged.version}), not version {version}")
     _STAGING.pop("current", None)
-    tensors, staged.tensors = staged.tensors, []
+    tensors = staged.tensors
+    staged.release()  # the files go; the mapping lives as long as `tensors`
     return tensors
 
 
@@ -267,13 +406,25 @@ class WeightSwapExtension:
             _STAGING["current"] = staged
             return staged.status()
         _STAGING["current"] = staged
+        target, args = _fetch_into, (staged, dict(handle), spec)
+        if handle.get("shared", False) and self._fleetrl_ranks_here() > 1:
+            if self.local_rank == 0:  # type: ignore[attr-defined]
+                target = _fetch_shared_into
+            else:
+                target, args = _map_shared_from_rank0, (staged,)
         threading.Thread(
-            target=_fetch_into,
-            args=(staged, dict(handle), spec),
+            target=target,
+            args=args,
             name=f"fleetrl-stage-v{staged.version}",
             daemon=True,
         ).start()
         return staged.status()
+
+    def _fleetrl_ranks_here(self) -> int:
+        """How many workers of this replica run on this host (they share one staged copy)."""
+        parallel = self.parallel_config  # type: ignore[attr-defined]
+        per_node = getattr(parallel, "local_world_size", None) or parallel.world_size
+        return int(per_node)
 
     def fleetrl_stage_status(self, load_id: str) -> dict[str, Any]:
         staged = _STAGING.get("current")
@@ -288,6 +439,8 @@ class WeightSwapExtension:
             state = "missing" if staged is None or staged.load_id != load_id else staged.state
             return {"ok": False, "touched": False, "error": f"staged load {load_id} is {state}"}
         _STAGING.pop("current", None)
+        for path in staged.owned_files:  # the files go; the mapping lives as long as staged.tensors
+            path.unlink(missing_ok=True)
         start = time.perf_counter()
         try:
             # The worker's in-place reload (layerwise: re-runs post-load processing such as CPU prepacking).
@@ -312,6 +465,6 @@ class WeightSwapExtension:
         if staged is None or (load_id is not None and staged.load_id != load_id):
             return False
         staged.cancelled.set()
-        staged.tensors = []
+        staged.release()
         _STAGING.pop("current", None)
         return True

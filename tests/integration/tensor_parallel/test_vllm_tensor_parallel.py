@@ -72,3 +72,42 @@ async def test_a_version_lands_in_both_ranks_shards(tp_engine, tiny_model_dir):
 
 async def test_a_swap_mid_generation_is_labelled_per_token(tp_engine, tiny_model_dir):
     await conformance.check_swap_mid_generation(tp_engine, tiny_model_dir)
+
+
+async def test_a_push_is_fetched_once_per_replica(tp_engine, tiny_model_dir):
+    """The two ranks load one staged copy: the publisher serves the version's manifest and bytes once, both ranks'
+    shards get the new weights (logprobs match them), and the shared copy's files are gone afterwards."""
+    from fleetrl.services.inference.vllm_worker import shared_paths
+    from fleetrl.weights import WeightPublisher
+
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=31)
+    request = conformance.SamplingRequest(conformance.PROMPTS[2], n=2, max_tokens=12, seed=9)
+    load_ids = []
+    stage = tp_engine._stage
+
+    async def recording_stage(handle, *args):
+        load_ids.append(handle["load_id"])
+        return await stage(handle, *args)
+
+    tp_engine._stage = recording_stage
+    try:
+        with WeightPublisher() as publisher:
+            version = tp_engine.loaded_version + 1
+            manifest = publisher.publish(version, new_state)
+            await tp_engine.load_weights(version, publisher.address, timeout_s=60)
+            counts = publisher.snapshot_counts()
+    finally:
+        del tp_engine._stage
+    assert counts["manifests_served"] == 1, counts
+    assert counts["bytes_served"] == manifest.total_bytes, counts
+    completions = await tp_engine.generate(request)
+    assert all(c.versions == [version] * len(c.token_ids) for c in completions)
+    worst = conformance.assert_logprobs_match(
+        conformance.load_reference(tiny_model_dir, new_state), request, completions
+    )
+    assert worst < conformance.LOGPROB_TOL
+    assert not any(p.exists() for p in shared_paths(load_ids[0]))
+    with WeightPublisher() as publisher:
+        publisher.publish(version + 1, original)
+        await tp_engine.load_weights(version + 1, publisher.address, timeout_s=60)
