@@ -113,8 +113,8 @@ def check_loss_name(name: str) -> None:
 
     if not isinstance(name, str) or not (name in LOSS_NAMES or is_loss_path(name)):
         raise ValueError(
-            f"unknown policy loss {name!r}; supported: {', '.join(LOSS_NAMES)}, or a custom loss's import path "
-            "('package.module:function', 'package.module.function' or 'path/to/file.py:function')"
+            f"policy_loss: unknown policy loss {name!r}; supported: {', '.join(LOSS_NAMES)}, or a custom loss's "
+            "import path ('package.module:function', 'package.module.function' or 'path/to/file.py:function')"
         )
 
 
