@@ -255,7 +255,22 @@ def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec
                     offsets[entry.name] = size
                     size += -(-entry.nbytes // _ALIGN) * _ALIGN
             with open(data_path, "wb") as out:
-                out.truncate(size)
+                try:  # reserve the pages now: a full tmpfs is ENOSPC here, not SIGBUS on a write through the map
+                    os.posix_fallocate(out.fileno(), 0, size)
+                except OSError as exc:
+                    data_path.unlink(missing_ok=True)
+                    _write_index(partial, index_path, {"version": staged.version, "private": str(exc)})
+                    logger.warning(
+                        "no room for a shared copy of weights version %d (%d bytes) in %s (%s): every rank fetches "
+                        "its own; give the replica more shared memory (docker --shm-size) or set %s",
+                        staged.version,
+                        size,
+                        data_path.parent,
+                        exc,
+                        SHM_DIR_ENV,
+                    )
+                    staged.owned_files = (index_path,)
+                    raise _PrivateCopy from exc
             flat = torch.from_file(str(data_path), shared=True, size=size, dtype=torch.uint8) if size else None
             entries = []
             for name, tensor in stream:
@@ -271,9 +286,11 @@ def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec
             del flat
         index = {"version": staged.version, "checksum": manifest.checksum, "nbytes": manifest.total_bytes}
         index.update(size=size, tensors=entries)
-        partial.write_text(json.dumps(index))
-        partial.rename(index_path)  # the other ranks see a complete copy or none
+        _write_index(partial, index_path, index)
         staged.tensors = _map_shared(data_path, index)
+    except _PrivateCopy:
+        _fetch_into(staged, handle, spec)
+        return
     except (WeightTransferError, WeightLoadError, ValueError, OSError) as exc:
         staged.release()
         staged.error, staged.state = str(exc), STAGE_FAILED
@@ -288,9 +305,19 @@ def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec
     staged.state = STAGE_READY
 
 
-def _map_shared_from_rank0(staged: _Staged) -> None:
+class _PrivateCopy(Exception):
+    """No room for the shared copy: every rank fetches its own."""
+
+
+def _write_index(partial: Path, index_path: Path, index: dict[str, Any]) -> None:
+    partial.write_text(json.dumps(index))
+    partial.rename(index_path)  # the other ranks see a complete index or none
+
+
+def _map_shared_from_rank0(staged: _Staged, handle: dict[str, Any], spec: WeightSpec) -> None:
     """Another rank of a tensor-parallel replica: wait for local rank 0's shared copy of the load and map it
-    (runs in a background thread). Stops when the load is discarded (rank 0 failed or the engine gave up)."""
+    (runs in a background thread). Stops when the load is discarded (rank 0 failed or the engine gave up). Where rank
+    0 found no room for the copy, the index says so and this rank fetches its own."""
     data_path, index_path = shared_paths(staged.load_id)
     start = time.perf_counter()
     try:
@@ -301,6 +328,9 @@ def _map_shared_from_rank0(staged: _Staged) -> None:
                 raise RuntimeError(f"rank 0's copy did not appear at {index_path} in {_READER_LIMIT_S:.0f} s")
             time.sleep(_READER_POLL_S)
         index = json.loads(index_path.read_text())
+        if "private" in index:
+            _fetch_into(staged, handle, spec)
+            return
         if index["version"] != staged.version:
             raise RuntimeError(f"the shared copy at {index_path} is version {index['version']}, not {staged.version}")
         staged.tensors = _map_shared(data_path, index)
@@ -408,10 +438,8 @@ class WeightSwapExtension:
         _STAGING["current"] = staged
         target, args = _fetch_into, (staged, dict(handle), spec)
         if handle.get("shared", False) and self._fleetrl_ranks_here() > 1:
-            if self.local_rank == 0:  # type: ignore[attr-defined]
-                target = _fetch_shared_into
-            else:
-                target, args = _map_shared_from_rank0, (staged,)
+            rank0 = self.local_rank == 0  # type: ignore[attr-defined]
+            target = _fetch_shared_into if rank0 else _map_shared_from_rank0
         threading.Thread(
             target=target,
             args=args,
