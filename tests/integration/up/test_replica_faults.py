@@ -9,11 +9,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import pytest
 
 from tests.integration.up.conftest import read_metrics, start_fleetrl_up, wait_for_steps, write_run
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -25,16 +25,18 @@ def stop_while_serving(run_dir, index: int, proc, timeout_s: float = 120.0) -> i
 
     pid = replica_pid(run_dir, index)
     port = json.loads((run_dir / "ready" / f"inference-{index}.json").read_text())["metrics_port"]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def stopped_while_serving() -> bool:
         assert proc.poll() is None, "fleetrl up exited before the replica could be stopped"
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
         serving = [line for line in text.splitlines() if line.startswith("fleetrl_inference_in_flight_requests ")]
         if serving and float(serving[0].split()[1]) >= 1:
             os.kill(pid, signal.SIGSTOP)
-            return pid
-        time.sleep(0.002)
-    raise AssertionError(f"replica {index} never had a Generate call in flight for {timeout_s} s")
+            return True
+        return False
+
+    wait_until(stopped_while_serving, timeout_s, f"replica {index} with a Generate call in flight", poll_s=0.002)
+    return pid
 
 
 def replica_pid(run_dir, index: int) -> int:
@@ -47,15 +49,15 @@ def replica_pid(run_dir, index: int) -> int:
 
 
 def wait_for_text(path, text: str, proc, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if path.exists() and text in path.read_text():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path.name} within {timeout_s} s")
+    def logged() -> bool:
+        assert proc.poll() is None, f"fleetrl up exited before {text!r} was in {path.name}"
+        return path.exists() and text in path.read_text()
+
+    wait_until(logged, timeout_s, f"{text!r} in {path.name}", poll_s=0.2)
 
 
 def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_dir):
+    hold = tmp_path / "hold"
     config = write_run(
         tmp_path,
         tiny_model_dir,
@@ -64,12 +66,12 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
         {
             "max_steps": 40,
             "max_head_offpolicy_versions": 1,
-            "rollout_extras": {"tool_latency_s": 0.1},
+            "rollout_extras": {"tool_latency_s": 0.1, "hold_file": str(hold)},
             "max_completion_tokens": 48,
             "max_seq_len": 96,
         },
         {
-            "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
+            "rollout": "tests.integration.up.rollouts:make_held_rollout_fn",
             "replicas": 2,
             # The default Generate timeout is 120 s: calls stuck on the stopped replica must move when it is fenced.
         },
@@ -87,9 +89,12 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
         steps_at_fence = len(read_metrics(run_dir))
         # Training goes on with one replica: pushes do not wait for the stopped one, rollouts avoid it.
         wait_for_steps(proc, run_dir, steps_at_fence + 3, timeout_s=120)
+        hold.touch()  # the run stays at this step until the resumed replica is back in rotation: it cannot end first
+        resumed_at = controller_log.stat().st_size
         os.kill(stopped, signal.SIGCONT)
         stopped = None
-        wait_for_text(controller_log, "back in rotation", proc)
+        wait_for_pattern(controller_log, r"replica inference-0 .*back in rotation", proc, after=resumed_at)
+        hold.unlink()
         _, err = proc.communicate(timeout=300)
     finally:
         if stopped is not None and proc.poll() is None:
@@ -121,15 +126,17 @@ def replica_status(address: str, token: str):
 
 def wait_for_pattern(path, pattern: str, proc, after: int = 0, timeout_s: float = 240) -> str:
     """The first match of `pattern` in `path` past byte `after` (fails if `proc` exits or time runs out)."""
-    import re
+    found: list[str] = []
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and proc.poll() is None:
+    def matched() -> bool:
+        assert proc.poll() is None, f"fleetrl up exited before {pattern!r} was in {path.name}"
         match = re.search(pattern, path.read_bytes()[after:].decode(errors="replace")) if path.exists() else None
         if match:
-            return match.group(0)
-        time.sleep(0.2)
-    raise AssertionError(f"{pattern!r} not in {path.name} within {timeout_s} s")
+            found.append(match.group(0))
+        return bool(match)
+
+    wait_until(matched, timeout_s, f"{pattern!r} in {path.name}", poll_s=0.2)
+    return found[0]
 
 
 def held_run(tmp_path, tiny_model_dir, max_steps: int, replicas: int):
@@ -226,10 +233,11 @@ def test_a_replica_started_by_hand_joins_a_running_run_and_takes_traffic(tmp_pat
         pushed = int(line.split("version ")[1].split()[0].rstrip(":"))
         assert pushed >= 2 and replica_status(address, token).loaded_version >= pushed  # brought to the run's version
         hold.unlink()
-        deadline = time.monotonic() + 240
-        while replica_status(address, token).requests == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)  # its counter outlives the run: no race with the run's end
-        assert replica_status(address, token).requests > 0, "the joined replica took no rollouts"
+
+        def took_rollouts() -> bool:  # its counter outlives the run: no race with the run's end
+            return replica_status(address, token).requests > 0
+
+        wait_until(took_rollouts, 240, "the joined replica to take rollouts", poll_s=0.2)
         extra.terminate()  # it leaves the run: fenced after missed polls, calls to it retried on the others
         extra.wait(timeout=60)
         _, err = proc.communicate(timeout=400)
