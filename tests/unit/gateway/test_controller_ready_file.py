@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+from types import SimpleNamespace
 
 import pytest
 
-from fleetrl import Config
+from fleetrl import Config, ready_file
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.flags import build_parser, config_from_args
 from fleetrl.gateway.worker import Gateway
@@ -41,10 +43,17 @@ def test_the_address_comes_from_the_file_once_written(tmp_path, monkeypatch):
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(worker, "open_channel", fake_channel)
+    looked = threading.Event()  # the gateway found no file and waits for one
+    real_time = ready_file.time
+    monkeypatch.setattr(
+        ready_file,
+        "time",
+        SimpleNamespace(monotonic=real_time.monotonic, sleep=lambda s: looked.set() or real_time.sleep(s)),
+    )
 
     async def main():
         async def write_later():
-            await asyncio.sleep(0.1)
+            assert await asyncio.to_thread(looked.wait, 30), "the gateway never waited for the ready file"
             write_ready_file(ready, {"address": "127.0.0.1:1"})
 
         writer = asyncio.create_task(write_later())  # the controller comes up after the gateway started

@@ -1,10 +1,10 @@
 import subprocess
 import sys
-import time
 
 import pytest
 
 from fleetrl.up.supervisor import Child, Supervisor
+from tests.waiting import wait_until
 
 # A child that, on SIGTERM, records which of the run's children (pids.txt) are still alive, then exits.
 SCRIPT = """
@@ -43,9 +43,7 @@ def test_stop_all_stops_one_kind_at_a_time_gateways_first(tmp_path, kinds):
         process = subprocess.Popen(argv, start_new_session=True)
         sup.children.append(Child(kind, kind, argv, tmp_path / f"{kind}.log", process))
     (tmp_path / "pids.txt").write_text(" ".join(f"{c.kind}={c.pid}" for c in sup.children))
-    deadline = time.monotonic() + 60
-    while not all((tmp_path / f"{k}.up").exists() for k in kinds) and time.monotonic() < deadline:
-        time.sleep(0.02)  # each child has installed its SIGTERM handler
+    wait_until(lambda: all((tmp_path / f"{k}.up").exists() for k in kinds), 60, "every child's SIGTERM handler")
     sup.stop_all(grace_s=30)
     stops = [line.split(" ") for line in (tmp_path / "stops.txt").read_text().splitlines()]
     assert [name for name, _ in stops] == ["gateway", "controller", "trainer", "inference"]
