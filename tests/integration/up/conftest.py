@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -62,10 +63,12 @@ def start_fleetrl_up(config: Path, *extra: str) -> subprocess.Popen[str]:
 
 def wait_for_steps(proc: subprocess.Popen[str], run_dir: Path, steps: int, timeout_s: float = 300) -> None:
     """Until metrics.jsonl has `steps` lines (fails if `fleetrl up` exits first or time runs out)."""
-    deadline = time.monotonic() + timeout_s
-    while len(read_metrics(run_dir)) < steps and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.1)
-    assert len(read_metrics(run_dir)) >= steps, f"the run did not reach step {steps}"
+
+    def reached() -> bool:
+        return len(read_metrics(run_dir)) >= steps or proc.poll() is not None
+
+    wait_until(reached, timeout_s, f"the run to reach step {steps}", poll_s=0.1)
+    assert len(read_metrics(run_dir)) >= steps, f"the run did not reach step {steps} (fleetrl up exited)"
 
 
 def service_pids(config: Path, kind: str) -> list[int]:
