@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.lanes import RECORD_ENV
 from tests.skip_policy import NO_CUDA_REASON, STRICT_ENV, expected
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +70,7 @@ def run_pytest(tmp_path: Path, strict: bool, **sources: str) -> subprocess.Compl
     (tmp_path / "pytest.ini").write_text(INI)
     for name, text in sources.items():
         (tmp_path / f"{name}.py").write_text(text)
-    env = {k: v for k, v in os.environ.items() if k != STRICT_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (STRICT_ENV, RECORD_ENV)}  # not the outer run's
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if strict:
         env[STRICT_ENV] = "1"
