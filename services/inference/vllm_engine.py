@@ -13,9 +13,10 @@ Semantics (shared with the hf engine, checked by tests/integration/inference/con
   version (``update_weight_version``, set while generation is paused for a swap), and the final output of each
   completion carries the spans. A completion that spans a swap says so token by token.
 - Weight loads: the worker extension (vllm_worker.py) fetches and checks the new version in the background
-  while generation continues; the swap itself runs under ``pause_generation(mode="keep")``, which freezes
-  in-flight requests, and the cleared KV cache makes them recompute their context with the new weights when
-  generation resumes, so every token labelled with a version was sampled from exactly that version. The swap
+  while generation continues (one copy per host under tensor parallelism, in shared memory); the swap itself runs
+  under ``pause_generation(mode="keep")``, which freezes in-flight requests, and the cleared KV cache makes them
+  recompute their context with the new weights when generation resumes, so every token labelled with a version was
+  sampled from exactly that version (``kv_on_swap="keep"`` keeps the cache instead: KV_ON_SWAP). The swap
   goes through vLLM's weight-transfer API (``start_weight_update``, ``update_weights``,
   ``finish_weight_update(version)``) with fleetrl's weight stream registered as its backend (vllm_transfer.py),
   the calls a GPU run makes with vLLM's nccl backend.
