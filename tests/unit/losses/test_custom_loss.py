@@ -168,3 +168,14 @@ def test_a_function_the_trainer_cannot_import_fails_at_config_naming_policy_loss
     with pytest.raises(ValidationError, match=message) as info:
         Config(policy_loss=value)
     assert info.value.errors()[0]["loc"] == ("policy_loss",)
+
+
+def test_main_refuses_a_lambda_loss_at_start_naming_policy_loss(tmp_path, capsys) -> None:
+    import fleetrl
+
+    cfg = Config(base_model=str(tmp_path / "model"), log_path=str(tmp_path / "run"))
+    summary = fleetrl.main(cfg, "rollout.py:make_rollout_fn", policy_loss=lambda x, s: None)
+    assert summary["exit_code"] == 2
+    err = capsys.readouterr().err
+    assert "policy_loss" in err and "is a lambda, which cannot reach the trainer process" in err
+    assert not (tmp_path / "run").exists()  # refused before anything started or was written
