@@ -5,7 +5,10 @@ Thread-safe (the stream's receive thread adds, the training thread takes). A gro
 names the attempt it trains, with the lease's random tag (only the lease holder learned it), so a forged or stray
 group is never trained; the controller names the attempts it superseded, which are evicted and refused if
 they arrive later. A row is trained at most once: any group of a trained row is refused, and training a row
-evicts its other attempts.
+evicts its other attempts. A group no step has named for `max_age_steps` steps is evicted too (`end_step`): a
+legitimate group is named within a few steps of arriving, so what stays is stray or forged (the run's token is in the
+gateway's environment, so user code can send groups for rows never leased) and would otherwise hold the buffer full
+for good; if a real one is ever evicted, the step that names it finds it lost and the controller leases the row again.
 """
 
 from __future__ import annotations
@@ -52,6 +55,9 @@ class GroupBuffer:
         self.duplicates = 0  # a second copy of a buffered attempt, or a group of a trained row
         self.superseded = 0  # groups evicted or refused because the controller superseded their attempt
         self.refused_full = 0  # groups refused because the buffer held `capacity` groups
+        self.evicted_unclaimed = 0  # groups no step named for max_age_steps steps (stray, forged, lost track of)
+        self.steps = 0  # steps ended (`end_step`)
+        self._arrived: dict[tuple[int, int, int], int] = {}  # stored key -> `steps` when it arrived
 
     def __len__(self) -> int:
         with self._cond:
@@ -72,8 +78,29 @@ class GroupBuffer:
                 self.refused_full += 1
                 return False
             self._groups[_stored(group)] = group
+            self._arrived[_stored(group)] = self.steps
             self._cond.notify_all()
             return True
+
+    def end_step(self, max_age_steps: int) -> int:
+        """A step ended: evict the groups that have waited more than `max_age_steps` steps without being named;
+        returns how many."""
+        with self._cond:
+            self.steps += 1
+            old = [k for k, arrived in self._arrived.items() if self.steps - arrived > max_age_steps]
+            for key in old:
+                self._groups.pop(key, None)
+                del self._arrived[key]
+            self.evicted_unclaimed += len(old)
+        if old:
+            log.warning(
+                "evicted %d buffered groups no step named for %d steps (rows %s): stray or forged groups, or groups "
+                "of rows the controller no longer leases",
+                len(old),
+                max_age_steps,
+                sorted({k[0] for k in old})[:20],
+            )
+        return len(old)
 
     def evict(self, keys: Iterable[GroupKey]) -> int:
         """The controller will never train these attempts: drop them, and refuse them if they arrive later."""
@@ -83,6 +110,7 @@ class GroupBuffer:
             dropped = [k for k in self._groups if k[:2] in superseded]
             for key in dropped:
                 del self._groups[key]
+                self._arrived.pop(key, None)
             self.superseded += len(dropped)
         return len(dropped)
 
@@ -136,4 +164,5 @@ class GroupBuffer:
         with self._cond:
             for key in [k for k in self._groups if k[0] in rows]:
                 del self._groups[key]
+                self._arrived.pop(key, None)
             self._superseded = {k for k in self._superseded if k[0] not in rows}

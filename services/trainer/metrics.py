@@ -39,11 +39,13 @@ class _StreamCollector(Collector):
         duplicates: Callable[[], int],
         superseded: Callable[[], int],
         refused_full: Callable[[], int],
+        evicted_unclaimed: Callable[[], int],
     ) -> None:
         self._counts = counts
         self._duplicates = duplicates
         self._superseded = superseded
         self._refused_full = refused_full
+        self._evicted_unclaimed = evicted_unclaimed
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         counts = self._counts()
@@ -81,6 +83,11 @@ class _StreamCollector(Collector):
             "Groups refused because the buffer was full (max_buffered_groups): a flood of stray groups.",
             value=self._refused_full(),
         )
+        yield CounterMetricFamily(
+            PREFIX + "groups_evicted_unclaimed",
+            "Buffered groups no step named for 4 x (O + 2) steps (stray or forged groups), evicted.",
+            value=self._evicted_unclaimed(),
+        )
 
 
 class TrainerMetrics:
@@ -95,6 +102,7 @@ class TrainerMetrics:
         duplicates: Callable[[], int],
         superseded: Callable[[], int] = lambda: 0,
         refused_full: Callable[[], int] = lambda: 0,
+        evicted_unclaimed: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = registry
         self.steps = Counter(PREFIX + "steps", "Optimizer batches trained.", registry=registry)
@@ -105,7 +113,7 @@ class TrainerMetrics:
         Gauge(PREFIX + "buffered_groups", "Groups received, not yet trained.", registry=registry).set_function(
             buffered_groups
         )
-        registry.register(_StreamCollector(stream_counts, duplicates, superseded, refused_full))
+        registry.register(_StreamCollector(stream_counts, duplicates, superseded, refused_full, evicted_unclaimed))
         self._gauges: dict[str, Gauge | None] = {}
 
     def observe_step(self, metrics: Mapping[str, float]) -> None:

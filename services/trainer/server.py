@@ -149,8 +149,14 @@ class TrainerService(Service):
             row_ids = [ref[0] for ref in groups]
             result.skipped_row_ids = sorted(set(result.skipped_row_ids) | {r for r in row_ids if r not in trained})
             self.buffer.discard(row_ids)
+            self.buffer.end_step(self.max_group_age_steps)
             self.metrics.observe_step(result.metrics)
             return result
+
+    @property
+    def max_group_age_steps(self) -> int:
+        """Steps a buffered group may wait unnamed: a real one is named within about O + 1 steps of arriving."""
+        return 4 * (self.config.run.max_head_offpolicy_versions + 2)
 
     def publish(self) -> tuple[int, str, float]:
         with self._lock:
@@ -323,6 +329,7 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
         duplicates=lambda: buffer.duplicates,
         superseded=lambda: buffer.superseded,
         refused_full=lambda: buffer.refused_full,
+        evicted_unclaimed=lambda: buffer.evicted_unclaimed,
     )
     health = HealthServicer()
     service = TrainerService(config, trainer, buffer, receiver, publisher, registry, metrics, health)

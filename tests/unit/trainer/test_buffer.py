@@ -103,3 +103,20 @@ def test_a_forged_twin_with_the_right_row_and_attempt_is_never_trained():
         buffer.wait_for([(5, 1, 42)], timeout_s=0.01)
     buffer.discard([4])
     assert len(buffer) == 0
+
+
+def test_a_flood_of_groups_no_step_names_is_evicted_after_max_age_steps():
+    """Issue 28 item 6: 300 well-formed groups for rows never leased filled the buffer for good and every real group
+    after them was refused (the run died at step 4). Unnamed groups now leave after max_age_steps steps."""
+    buffer = GroupBuffer(capacity=300)
+    for row in range(1000, 1300):  # the flood: right token, rows never leased
+        assert buffer.add(_group(row))
+    assert not buffer.add(_group(1)) and buffer.refused_full == 1  # a real group, refused while the buffer is full
+    for _ in range(3):
+        assert buffer.end_step(max_age_steps=3) == 0  # young groups stay: a real one may be named in a few steps
+    assert buffer.end_step(max_age_steps=3) == 300 and buffer.evicted_unclaimed == 300 and len(buffer) == 0
+    assert buffer.add(_group(1))  # real groups get in again
+    buffer.end_step(max_age_steps=3)
+    assert buffer.wait_for([(1, 1)], timeout_s=1.0)[0].row_id == 1  # still there one step later
+    buffer.discard([1])
+    assert buffer.end_step(max_age_steps=0) == 0  # trained and discarded: nothing left to evict
