@@ -1,7 +1,7 @@
 """The arithmetic job with a custom loss given to `fleetrl.main` as a Python function.
 
     python examples/arithmetic/warm_start.py          # the starting policy and the rows, in runs/arithmetic/init
-    python examples/custom_loss/train.py [--steps 100] [--log-path runs/custom_loss]
+    python examples/custom_loss/train.py [--steps 100] [--log-path runs/custom_loss] [--set KEY=VALUE ...]
 
 `policy_loss=clipped_ratio` is a module-level function, so fleetrl records its import path, `my_losses:clipped_ratio`,
 for the trainer process (which imports it from this folder, put on PYTHONPATH below). A lambda or a function defined
@@ -12,6 +12,7 @@ inside another function is refused at start, naming `policy_loss`: it cannot cro
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -34,9 +35,17 @@ def main() -> int:
     parser.add_argument("--init", default="runs/arithmetic/init", help="warm_start.py's output folder")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--log-path", default="runs/custom_loss")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any Config field (JSON value)")
     args = parser.parse_args()
     init = Path(args.init)
-    cfg = Config.from_toml(HERE / "run.toml", overrides={"max_steps": args.steps, "log_path": args.log_path})
+    overrides: dict[str, object] = {"max_steps": args.steps, "log_path": args.log_path}
+    for item in args.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    cfg = Config.from_toml(HERE / "run.toml", overrides=overrides)
     cfg = cfg.model_copy(
         update={
             "base_model": str(init / "model"),
