@@ -44,7 +44,8 @@ def check_loss_path(name: str) -> None:
 
 
 def _walk(obj: Any, attrs: str, spec: str, where: str) -> Any:
-    for attr in attrs.split("."):
+    """`obj.a.b` for attrs "a.b" ("" gives obj); a missing attribute is named."""
+    for attr in filter(None, attrs.split(".")):
         try:
             obj = getattr(obj, attr)
         except AttributeError:
@@ -65,7 +66,7 @@ def _import(spec: str) -> Any:
             obj = load_object(f"{module_name}:{first}")
         except Exception as exc:  # running the user's file may raise anything
             raise ValueError(f"policy_loss {spec!r}: cannot load it ({type(exc).__name__}: {exc})") from None
-        return _walk_optional(obj, rest, spec, first)
+        return _walk(obj, rest, spec, first)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any import error of user code is the run's bad setting
@@ -74,10 +75,6 @@ def _import(spec: str) -> Any:
             "imports it from its working directory, the config's folder and PYTHONPATH"
         ) from None
     return _walk(module, attrs, spec, f"module {module_name!r}")
-
-
-def _walk_optional(obj: Any, attrs: str, spec: str, where: str) -> Any:
-    return _walk(obj, attrs, spec, where) if attrs else obj
 
 
 @functools.cache
@@ -175,7 +172,7 @@ def loss_import_path(fn: Any) -> str:
         spec = f"{Path(script).resolve()}:{qualname}"
     else:
         spec = f"{module_name}:{qualname}"
-    if module is None or _walk_optional(module, qualname, spec, f"module {module_name!r}") is not fn:
+    if module is None or _walk(module, qualname, spec, f"module {module_name!r}") is not fn:
         raise ValueError(
             f"policy_loss: {module_name}.{qualname} is not what that name holds in its module (a decorated, "
             "replaced or dynamically made function?); the trainer imports the loss by path, so pass one it can find"
