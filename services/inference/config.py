@@ -72,6 +72,12 @@ class InferenceConfig(BaseModel):
         description="hf engine: torch device of the model, its KV cache and batch (cpu, cuda, cuda:1); None = cuda "
         "when a GPU is visible, else cpu. vLLM places itself.",
     )
+    kv_on_swap: Literal["recompute", "keep"] = Field(
+        "recompute",
+        description="vLLM: what a weight swap does to the KV cache of sequences in flight. recompute: cleared, the "
+        "context recomputed with the new weights (exact per-version logprobs); keep: kept (no recompute; later "
+        "tokens read old-weight KV: docs/inference.md, 'The KV cache across a swap').",
+    )
     seed: int = Field(0, ge=0, description="Engine seed (for requests that carry none).")
     max_num_seqs: int | None = Field(
         None, ge=1, description="Sequences decoded together at most; None = the engine's default (hf 64, vLLM's own)."

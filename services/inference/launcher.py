@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-auto-tool-choice", action="store_true", help="vLLM engine: do not parse tool_choice='auto' requests"
     )
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--kv-on-swap", choices=["recompute", "keep"], help="vLLM: the KV cache across a swap")
     parser.add_argument("--device", help="hf engine: cpu, cuda, cuda:1 (default: cuda when a GPU is visible)")
     parser.add_argument("--max-num-seqs", type=int, help="sequences decoded together at most")
     parser.add_argument("--max-model-len", type=int, help="prompt + completion length limit")
@@ -100,6 +101,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "tool_call_parser": None if args.tool_call_parser in (None, "none") else args.tool_call_parser,
         "dtype": args.dtype,
         "device": args.device,
+        "kv_on_swap": args.kv_on_swap,
         "max_num_seqs": args.max_num_seqs,
         "max_model_len": args.max_model_len,
         "tensor_parallel_size": args.tensor_parallel_size,

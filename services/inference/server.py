@@ -224,6 +224,7 @@ def make_engine(config: InferenceConfig) -> InferenceEngine:
         max_num_seqs=config.max_num_seqs,
         request_timeout_s=config.request_timeout_s,
         max_lora_rank=config.max_lora_rank,
+        kv_on_swap=config.kv_on_swap,
     )
 
 

@@ -139,3 +139,14 @@ def test_the_hf_engine_takes_a_device(tmp_path: Path) -> None:
     assert engine._device == torch.device("cuda", 1)
     default = make_engine(config_from_args(build_parser().parse_args(flags)))
     assert str(default._device) == hf_default_device() == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_the_kv_cache_policy_across_a_swap_is_a_replica_setting(tmp_path: Path) -> None:
+    from fleetrl.services.inference.server import make_engine
+
+    flags = ["--model", str(tmp_path), "--engine", "vllm"]
+    assert make_engine(config_from_args(build_parser().parse_args(flags))).kv_on_swap == "recompute"
+    keep = config_from_args(build_parser().parse_args([*flags, "--kv-on-swap", "keep"]))
+    assert keep.kv_on_swap == "keep" and make_engine(keep).kv_on_swap == "keep"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*flags, "--kv-on-swap", "sometimes"])
