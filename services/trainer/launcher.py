@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--record-groups", metavar="JSONL", help="append every received group here")
     parser.add_argument("--group-wait-timeout", type=float, help="seconds TrainStep waits for groups")
     parser.add_argument(
+        "--max-group-mb", type=int, help="largest rollout-group message accepted, MiB (32; the gateways' must match)"
+    )
+    parser.add_argument(
         "--stop-checkpoint-wait",
         type=float,
         help="at SIGINT/SIGTERM: seconds to wait for a step in flight before checkpointing the last step (120)",
@@ -78,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         "metrics_port": args.metrics_port,
         "reference": reference,
         "device": args.device,
+        "max_group_mb": args.max_group_mb,
         "sharding": args.sharding,
         "micro_batch_size": args.micro_batch_size,
         "total_steps": args.total_steps,

@@ -120,3 +120,13 @@ def test_a_flood_of_groups_no_step_names_is_evicted_after_max_age_steps():
     assert buffer.wait_for([(1, 1)], timeout_s=1.0)[0].row_id == 1  # still there one step later
     buffer.discard([1])
     assert buffer.end_step(max_age_steps=0) == 0  # trained and discarded: nothing left to evict
+
+
+def test_the_trainer_takes_its_group_size_cap_as_a_flag():
+    """The gateway refuses a group over its max_group_mb before sending; the trainer's cap must match it, and the
+    trainer had no flag to set it (only a config file)."""
+    from fleetrl.services.trainer.launcher import build_parser, config_from_args
+
+    config = config_from_args(build_parser().parse_args(["--model", "m", "--max-group-mb", "64", "--set", "kl_beta=0"]))
+    assert config.max_group_mb == 64
+    assert config_from_args(build_parser().parse_args(["--model", "m", "--set", "kl_beta=0"])).max_group_mb == 32
