@@ -234,6 +234,8 @@ class Orchestrator:
             if member.kind == "inference":
                 stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
                 status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
+                if self.members.members.get(member.member_id) is not member:
+                    return  # it restarted meanwhile: this reply is the old process's and says nothing of the new one
                 loaded = int(status.loaded_version)
                 member.relay_address, member.relay_version = status.relay_address, int(status.relay_version)
                 if loaded < self.pushed_version and not member.fenced:
