@@ -386,9 +386,7 @@ COOKBOOK_RENAMED: dict[str, str] = {
     "max_concurrency_rollout_sample": "max_concurrency",
 }
 """Cookbook field names accepted as aliases of fleetrl's (the value means the same)."""
-COOKBOOK_REFUSED: dict[str, str] = {
-    "tis": "use tis_level ('token', 'sequence' or 'off') and tis_cap instead",
-}
+COOKBOOK_REFUSED: dict[str, str] = {}
 """Cookbook fields whose meaning differs: refused with what to write instead."""
 
 

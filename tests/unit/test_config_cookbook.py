@@ -22,7 +22,7 @@ def test_off_spellings_are_accepted():
 @pytest.mark.parametrize(
     ("data", "advice"),
     [
-        ({"tis": {"level": "token"}}, "tis: not a fleetrl field; use tis_level"),
+        ({"tis": {"level": "token", "cap": 2.0}, "tis_cap": 3.0}, "tis.cap and tis_cap disagree"),
         ({"deployment": {"tokenizer_model": "t", "replicas": 2}}, "deployment.replicas: not a field"),
     ],
 )
