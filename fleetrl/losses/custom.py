@@ -38,8 +38,8 @@ def check_loss_path(name: str) -> None:
     if name in LOSS_NAMES or is_loss_path(name):
         return
     raise ValueError(
-        f"policy_loss {name!r} is neither a built-in loss ({', '.join(LOSS_NAMES)}) nor an import path "
-        "('package.module:function', 'package.module.function' or 'path/to/file.py:function')"
+        f"policy_loss {name!r} is not one of {list(LOSS_NAMES)} (the built-in losses) nor an import path of a custom "
+        "loss ('package.module:function', 'package.module.function' or 'path/to/file.py:function')"
     )
 
 
