@@ -319,11 +319,19 @@ ROLLOUT_CONTEXT_ARGS: tuple[str, ...] = (
     "row_id",
     "submit_version",
     "attempt",
+    "row_index",
+    "sample_index",
+    "end_of_epoch",
 )
 """Keyword arguments a rollout function receives when it declares them (or takes **kwargs): cursor_index (the
 row's index in the dataset), epoch, rollout_idx (0..G-1 within the group), evaluation (False for training rows),
 row_id (the controller's id: epoch * rows + cursor_index), submit_version (the policy version the row was admitted
-at), attempt (the lease attempt, 1 on first lease)."""
+at), attempt (the lease attempt, 1 on first lease), and the current cookbook's row_index (the row's index within
+its epoch: fleetrl's cursor_index), sample_index (= rollout_idx) and end_of_epoch (True for an epoch's last row).
+The cookbook's own cursor_index counts across epochs: that is fleetrl's row_id."""
+
+DATASET_CONTEXT_ARGS: frozenset[str] = frozenset({"cursor_index", "epoch", "row_index", "end_of_epoch"})
+"""The context arguments that need the dataset's size (a row id -> its epoch and index within it)."""
 
 
 def declared_context_args(fn: Callable[..., Any]) -> tuple[str, ...]:

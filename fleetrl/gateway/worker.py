@@ -39,6 +39,7 @@ from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.dynamic_filter import DynamicFilter
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
+    DATASET_CONTEXT_ARGS,
     RolloutFnFactory,
     RolloutReturnTypeError,
     RolloutSetup,
@@ -347,11 +348,12 @@ class Gateway:
         that turns a row id into (epoch, cursor_index) when it asks for them."""
         self._group_fn = is_group_rollout(self.rollout_fn)
         self._context_args = declared_context_args(self.rollout_fn)
-        if {"epoch", "cursor_index"} & set(self._context_args):
+        needs_size = sorted(DATASET_CONTEXT_ARGS & set(self._context_args))
+        if needs_size:
             from fleetrl.controller.dataset import load_rows
 
             if not self.run_cfg.dataset:
-                raise ValueError("a rollout function that takes epoch or cursor_index needs run.dataset")
+                raise ValueError(f"a rollout function that takes {' or '.join(needs_size)} needs run.dataset")
             self._num_rows = len(load_rows(self.run_cfg.dataset, self.run_cfg.max_rows))
 
     def _context(self, leased: Any, rollout_idx: int) -> dict[str, Any]:
@@ -359,14 +361,18 @@ class Gateway:
         if not names:
             return {}
         n = self._num_rows or 0
+        index_in_epoch = leased.row_id % n if n else leased.row_id
         values = {
-            "cursor_index": leased.row_id % n if n else leased.row_id,
+            "cursor_index": index_in_epoch,
             "epoch": leased.row_id // n if n else 0,
             "rollout_idx": rollout_idx,
             "evaluation": False,
             "row_id": leased.row_id,
             "submit_version": leased.submit_version,
             "attempt": leased.attempt,
+            "row_index": index_in_epoch,
+            "sample_index": rollout_idx,
+            "end_of_epoch": bool(n) and index_in_epoch == n - 1,
         }
         return {name: values[name] for name in names}
 

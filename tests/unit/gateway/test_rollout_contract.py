@@ -56,6 +56,40 @@ async def test_a_rollout_receives_the_context_arguments_it_declares(tmp_path):
     assert list(gateway.stub.reports[0].rewards) == [0.0, 1.0, 2.0, 3.0]
 
 
+async def test_a_rollout_receives_the_current_cookbooks_context_arguments(tmp_path):
+    # The cookbook (#570) passes row_index, sample_index and end_of_epoch; a rollout that requires them failed
+    # every call before (TypeError: missing keyword-only arguments).
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(3)))
+    seen: list[tuple[int, int, int, bool]] = []
+
+    async def rollout_fn(row: dict, *, row_index: int, sample_index: int, end_of_epoch: bool) -> Any:
+        seen.append((row["i"], row_index, sample_index, end_of_epoch))
+        return sample(float(sample_index))
+
+    gateway = gateway_for(rollout_fn, dataset=str(dataset))
+    await gateway.process_row(leased(row_id=7, i=1))  # 3 rows: row id 7 is epoch 2, index 1
+    await gateway.process_row(leased(row_id=5, i=2))  # epoch 1's last row
+    assert sorted(seen) == [(1, 1, k, False) for k in range(4)] + [(2, 2, k, True) for k in range(4)]
+    assert [list(r.rewards) for r in gateway.stub.reports] == [[0.0, 1.0, 2.0, 3.0]] * 2
+
+    async def kwargs_fn(row: dict, **context: Any) -> Any:
+        seen.append(context)
+        return sample(1.0)
+
+    seen.clear()
+    await gateway_for(kwargs_fn, dataset=str(dataset)).process_row(leased(row_id=3))
+    assert {"row_index": 0, "sample_index": 0, "end_of_epoch": False, "cursor_index": 0}.items() <= seen[0].items()
+
+
+async def test_dataset_context_arguments_without_a_dataset_fail_naming_them():
+    async def rollout_fn(row: dict, *, end_of_epoch: bool) -> Any:
+        return sample(1.0)
+
+    with pytest.raises(ValueError, match=r"takes end_of_epoch needs run\.dataset"):
+        gateway_for(rollout_fn, dataset=None)
+
+
 async def test_an_unknown_return_type_stops_the_gateway_naming_it():
     async def rollout_fn(row: dict) -> Any:
         return {"tokens": [1, 2, 3], "reward": 1.0}  # a dict, not a RolloutSample
