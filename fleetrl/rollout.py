@@ -57,6 +57,13 @@ class RolloutSample:
         metrics: per-sample figures reported per step as `env/all/<name>`.
         member: the group member (trajectory) the sample came from, set by the gateway: the samples of a
             RolloutRun split into several share one member and one advantage (None: a member of its own).
+        raw_logprobs: the current cookbook's raw model logprobs aligned with `tokens`, for observability: checked
+            (one per token) and, as in the cookbook, never used in place of `logprobs` in the loss or TIS.
+        routing_matrices: the cookbook's MoE routes for router replay; only None or empty (fleetrl cannot replay
+            expert routes in the trainer), anything else raises ValueError naming the field.
+        prompt_model_input: the cookbook's `tinker.ModelInput` of the prompt; fleetrl trains on token ids only, so
+            it must be text whose tokens are those of `tokens` before the first trained one (an image chunk, or
+            other tokens, make the sample invalid, naming the field).
     """
 
     tokens: list[int]
@@ -68,6 +75,16 @@ class RolloutSample:
     versions: list[int] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     member: int | None = None
+    raw_logprobs: list[float] | None = None
+    routing_matrices: list[Any] | None = None
+    prompt_model_input: Any = None
+
+    def __post_init__(self) -> None:
+        if self.routing_matrices is not None and len(self.routing_matrices) > 0:
+            raise ValueError(
+                "RolloutSample.routing_matrices: MoE router replay is not supported (fleetrl's trainer cannot replay "
+                "the serving expert routes); leave routing_matrices None"
+            )
 
     def validate(self) -> RolloutSample:
         """Check the contract; raise `InvalidSampleError` naming the field. Returns self."""
@@ -134,6 +151,7 @@ def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> Non
             raise InvalidSampleError("logprobs", f"position {i} is {lp!r}, not a float")
         if m and not (math.isfinite(lp) and lp <= 1e-6):
             raise InvalidSampleError("logprobs", f"masked position {i} has logprob {lp}")
+    _check_cookbook_fields(sample, n)
     if not isinstance(sample.metrics, dict):
         raise InvalidSampleError("metrics", "must be a dict of name -> float")
     for key, value in sample.metrics.items():
@@ -143,6 +161,38 @@ def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> Non
             continue  # True/False count as 1/0, e.g. metrics={"correct": True}
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise InvalidSampleError("metrics", f"{key!r} = {value!r} is not a finite number")
+
+
+def _check_cookbook_fields(sample: RolloutSample, n: int) -> None:
+    """The current cookbook's optional fields: `raw_logprobs` one number per token; `prompt_model_input` text whose
+    tokens are the prompt's (those before the first trained token)."""
+    raw = sample.raw_logprobs
+    if raw is not None:
+        if not isinstance(raw, list | tuple) or len(raw) != n:
+            got = f"length {len(raw)}" if isinstance(raw, list | tuple) else type(raw).__name__
+            raise InvalidSampleError("raw_logprobs", f"{got}; must be a list of len(tokens) {n} floats, or None")
+        bad = next((i for i, v in enumerate(raw) if isinstance(v, bool) or not isinstance(v, int | float)), None)
+        if bad is not None:
+            raise InvalidSampleError("raw_logprobs", f"position {bad} is {raw[bad]!r}, not a float")
+    model_input = sample.prompt_model_input
+    if model_input is None:
+        return
+    to_ints = getattr(model_input, "to_ints", None)
+    if not callable(to_ints):
+        raise InvalidSampleError("prompt_model_input", f"must be a tinker ModelInput or None, got {type(model_input)}")
+    try:
+        prompt = [int(t) for t in to_ints()]
+    except (TypeError, ValueError) as exc:
+        raise InvalidSampleError(
+            "prompt_model_input",
+            f"holds more than token ids ({exc}): multimodal inputs are not supported, fleetrl trains on token ids only",
+        ) from None
+    prompt_len = next(i for i, m in enumerate(sample.loss_mask) if m)
+    if prompt != list(sample.tokens[:prompt_len]):
+        raise InvalidSampleError(
+            "prompt_model_input",
+            f"its {len(prompt)} tokens are not the sample's {prompt_len} tokens before the first trained one",
+        )
 
 
 @dataclass
