@@ -12,6 +12,9 @@ token that completes one, finish_reason "stop", so it does not run on to max_tok
 for a replica older than the request's `stop` field), `max_seq_len` (max_tokens is capped so prompt + completion fit),
 `http_timeout` (seconds for the whole call, retries included), `logprobs=True` (always on: `inference_logprobs`,
 also readable as `sampling_logprobs`); `echo=True` and `logprobs=N` (top-N) are refused with what to use instead.
+`user` (the current cookbook's session affinity key, a string) routes every call of that key to one replica while it
+stays routable (its prefix cache), and moves the key only when that replica is fenced or fails the call; such calls
+are not coalesced. `include_routing_matrix=True` (MoE router replay) is refused: fleetrl returns no expert routes.
 
 Requests go to the live replica with the fewest calls in flight; a call that fails with UNAVAILABLE,
 DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED is retried on another replica. When no replica is left to try (the only
@@ -32,6 +35,7 @@ import asyncio
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -51,6 +55,8 @@ that failed with one is run again, and a gateway's controller call that failed w
 controller has been unreachable for `controller_lost_s` (a lease or heartbeat by the gateway's loop; a row or
 evaluation report resent until delivered: fleetrl.gateway.worker.Gateway._deliver)."""
 MAX_BACKOFF_S = 2.0
+MAX_AFFINITY_KEYS = 100_000
+"""Session affinity keys (`user=`) remembered at most; the least recently used is forgotten first."""
 
 
 class NoReplicaError(RuntimeError):
@@ -122,6 +128,11 @@ def cookbook_sampling_args(params: dict[str, Any], prompt_len: int) -> tuple[lis
             f"logprobs={logprobs!r}: top-N logprobs are not returned; the sampled token's logprob always is "
             "(completion.inference_logprobs): pass logprobs=True or leave it out"
         )
+    if params.pop("include_routing_matrix", False):
+        raise TypeError(
+            "include_routing_matrix=True is not supported: fleetrl's replicas return no MoE expert routes (router "
+            "replay is not implemented); leave include_routing_matrix out"
+        )
     if params.pop("echo", False):
         raise TypeError(
             "echo=True is not supported: every completion already carries its prompt (full_tokens[:prompt_len]); "
@@ -184,6 +195,7 @@ class Sampler:
         self._in_flight: dict[str, int] = {}
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}  # calls in flight per replica
         self._routable: list[str] = []
+        self._affinity: OrderedDict[str, str] = OrderedDict()  # user= key -> its replica
         # Seeded calls of one prompt made together go out as one request (fleetrl.sampler_coalesce).
         self.coalescer = RequestCoalescer(self.generate) if coalesce else None
         self.calls = 0
@@ -213,24 +225,36 @@ class Sampler:
     def replicas(self) -> list[str]:
         return list(self._routable)
 
-    def _pick(self, avoid: set[str]) -> str | None:
-        """The least busy routable replica not in `avoid`, or None."""
+    def _pick(self, avoid: set[str], affinity: str | None = None) -> str | None:
+        """The replica `affinity` is pinned to while it is routable and not in `avoid`; else the least busy routable
+        replica not in `avoid` (which `affinity` is then pinned to), or None."""
+        if affinity is not None:
+            pinned = self._affinity.get(affinity)
+            if pinned is not None and pinned in self._routable and pinned not in avoid:
+                self._affinity.move_to_end(affinity)
+                return pinned
         candidates = [a for a in self._routable if a not in avoid]
         if not candidates:
             return None
         least = min(self._in_flight[a] for a in candidates)
-        return random.choice([a for a in candidates if self._in_flight[a] == least])
+        address = random.choice([a for a in candidates if self._in_flight[a] == least])
+        if affinity is not None:
+            self._affinity[affinity] = address
+            self._affinity.move_to_end(affinity)
+            if len(self._affinity) > MAX_AFFINITY_KEYS:
+                self._affinity.popitem(last=False)
+        return address
 
-    async def generate(self, request: SamplingRequest) -> list[Any]:
+    async def generate(self, request: SamplingRequest, affinity: str | None = None) -> list[Any]:
         """Engine completions for one request, retried on another replica when one is unavailable, waiting (up
-        to `replica_wait_s`) when none is left to try."""
+        to `replica_wait_s`) when none is left to try. `affinity` (a session key) keeps to one replica."""
         tried: set[str] = set()
         self.calls += 1
         slow_failures, waits = 0, 0
         deadline = time.monotonic() + self.replica_wait_s
         last_error: grpc.aio.AioRpcError | None = None
         while True:
-            address = self._pick(tried)
+            address = self._pick(tried, affinity)
             if address is None:  # none routable, or every one failed this call: wait for the list to change
                 self.wants_replicas = True
                 if time.monotonic() >= deadline:
@@ -278,6 +302,9 @@ class Sampler:
         stops, timeout_s = cookbook_sampling_args(params, len(prompt_token_ids))
         if stops and self.tokenizer is None:
             raise RuntimeError("stop strings need a tokenizer (RolloutSetup.tokenizer); or pass stop_token_ids")
+        user = params.pop("user", None)
+        if user is not None and not isinstance(user, str):
+            raise TypeError(f"user must be a string (a session affinity key) or None, got {type(user).__name__}")
         seed = params.pop("seed", None)
         if seed is None:  # an explicit seed wins; the rollout's own seed is drawn only when it is used
             seed = next_rollout_seed()
@@ -295,7 +322,10 @@ class Sampler:
         if params:
             raise TypeError(f"unknown sampling arguments: {sorted(params)}")
         prompt = list(prompt_token_ids)
-        call = self.generate(request) if self.coalescer is None else self.coalescer.generate(request)
+        if user is not None:  # a session's call goes to its replica, not merged with other sessions' calls
+            call = self.generate(request, affinity=user)
+        else:
+            call = self.generate(request) if self.coalescer is None else self.coalescer.generate(request)
         completions = await (call if timeout_s is None else asyncio.wait_for(call, timeout=timeout_s))
         out = []
         for c in completions:
