@@ -25,9 +25,7 @@ def test_gpu_serving_dtype(tmp_path, run, up, expected):
 
 def test_replicas_and_trainer_get_bfloat16_on_gpus(tmp_path, monkeypatch):
     config = Config(base_model="m", kl_beta=0.0)
-    services = started_stack(
-        tmp_path, monkeypatch, config, up_config(tmp_path, inference_gpus=[[1]], trainer_gpus=[0])
-    )
+    services = started_stack(tmp_path, monkeypatch, config, up_config(tmp_path, inference_gpus=[[1]], trainer_gpus=[0]))
     replica = services["inference-0"]["argv"]
     assert replica[replica.index("--dtype") + 1] == "bfloat16"
     trainer = services["trainer"]["argv"]
