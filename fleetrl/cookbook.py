@@ -267,9 +267,12 @@ Config = cookbook_config
 def main(cfg: FleetConfig, rollout_fn_factory: Any, rows: Any = None, **options: Any) -> dict[str, Any]:
     """`fleetrl.main` as the cookbook's `main`: `from fleetrl.cookbook import Config, main` is the recipe's import.
     As in the cookbook, `max_rows` caps the rows read from `dataset`, not the `rows=` handed in (fleetrl.main caps
-    both)."""
+    both), and an `evaluation_fn=` runs every step (its `evaluation_interval = 1`) unless the call or the config
+    sets `evaluation_interval`."""
     import fleetrl
 
     if rows is not None:
         options.setdefault("max_rows", None)
+    if options.get("evaluation_fn") is not None and "evaluation_interval" not in cfg.model_fields_set:
+        options.setdefault("evaluation_interval", 1)
     return fleetrl.main(cfg, rollout_fn_factory, rows, **options)

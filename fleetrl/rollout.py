@@ -25,7 +25,7 @@ import inspect
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from fleetrl.seq_len import resolve_max_seq_len
 
@@ -393,6 +393,62 @@ def declared_context_args(fn: Callable[..., Any]) -> tuple[str, ...]:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return ROLLOUT_CONTEXT_ARGS
     return tuple(name for name in ROLLOUT_CONTEXT_ARGS if name in params)
+
+
+EvaluationShape = Literal["step_rollout_fn", "setup_rows"]
+_STEP_NAMES = frozenset({"step", "global_step", "version"})
+_ROLLOUT_NAMES = frozenset({"rollout_fn", "rollout", "evaluation_rollout_fn"})
+_SETUP_NAMES = frozenset({"setup", "rollout_setup"})
+_ROWS_NAMES = frozenset({"rows", "eval_rows"})
+
+
+def _annotated_as(param: inspect.Parameter, name: str) -> bool:
+    annotation = param.annotation
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return text == name or text.endswith(f".{name}")
+
+
+def evaluation_call_shape(fn: Callable[..., Any]) -> EvaluationShape:
+    """How the evaluation hook `fn` is called, read from its first two parameters: `"step_rollout_fn"` for the
+    current cookbook's `evaluation_fn(step, rollout_fn)`, `"setup_rows"` for fleetrl's `evaluate(setup, rows)`.
+    A parameter named step / global_step / version or annotated int, or a second one named rollout_fn says the
+    cookbook's; setup (or annotated RolloutSetup) or rows says fleetrl's. `ValueError` naming evaluation_fn when
+    the signature says neither (or both)."""
+    try:
+        params = [
+            p
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+    except (TypeError, ValueError):
+        params = []
+    shapes = "evaluation_fn(step, rollout_fn) (the current cookbook's) or evaluation_fn(setup, rows) (fleetrl's)"
+    if len(params) < 2:
+        raise ValueError(f"evaluation_fn: it must take two positional arguments: {shapes}")
+    first, second = params[:2]
+    cookbook = first.name in _STEP_NAMES or _annotated_as(first, "int") or second.name in _ROLLOUT_NAMES
+    fleetrl = first.name in _SETUP_NAMES or _annotated_as(first, "RolloutSetup") or second.name in _ROWS_NAMES
+    if cookbook and not fleetrl:
+        return "step_rollout_fn"
+    if fleetrl and not cookbook:
+        return "setup_rows"
+    raise ValueError(
+        f"evaluation_fn: cannot tell from its parameters ({first.name}, {second.name}) whether it is called as "
+        f"{shapes}; name them so"
+    )
+
+
+def make_evaluation_rollout_fn(rollout_fn: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+    """The rollout function handed to a cookbook-shaped `evaluation_fn(step, rollout_fn)`, as the cookbook's
+    `make_evaluation_rollout_fn`: `await rollout_fn(row, **context)` calls the user's rollout with `evaluation=True`
+    and, of `context`, the arguments it declares."""
+    names = declared_context_args(rollout_fn)
+
+    async def evaluation_rollout_fn(sample_prompt: dict[str, Any], **context: Any) -> Any:
+        context["evaluation"] = True
+        return await rollout_fn(sample_prompt, **{name: context[name] for name in names if name in context})
+
+    return evaluation_rollout_fn
 
 
 def group_rollout(fn: Callable[..., Any]) -> Callable[..., Any]:

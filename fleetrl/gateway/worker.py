@@ -40,11 +40,14 @@ from fleetrl.gateway.dynamic_filter import DynamicFilter
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     DATASET_CONTEXT_ARGS,
+    EvaluationShape,
     RolloutFnFactory,
     RolloutReturnTypeError,
     RolloutSetup,
     declared_context_args,
+    evaluation_call_shape,
     is_group_rollout,
+    make_evaluation_rollout_fn,
     rollout_result_samples,
 )
 from fleetrl.rpc import open_channel
@@ -116,6 +119,8 @@ class Gateway:
         self._group_fn = False  # the rollout function is a group rollout (fleetrl.rollout.group_rollout)
         self._context_args: tuple[str, ...] = ()  # the context keyword arguments it declares
         self._num_rows: int | None = None  # dataset rows: row id -> (epoch, cursor_index)
+        self._evaluation_shape: EvaluationShape = "setup_rows"  # how evaluation_fn is called (_prepare_evaluation)
+        self._evaluation_rollout_fn: Any = None
         self.controller_address = config.controller_address  # or, once run() read it, the ready file's
 
     # --- controller calls ----------------------------------------------------------------------
@@ -174,11 +179,7 @@ class Gateway:
         self.setup = setup
         self._set_context_args()
         if self.evaluation_fn is not None:
-            if not self.run_cfg.eval_dataset:
-                raise ValueError("--evaluation needs run.eval_dataset (a JSONL of held-out rows)")
-            from fleetrl.controller.dataset import load_rows
-
-            self.eval_rows = load_rows(self.run_cfg.eval_dataset)
+            self._prepare_evaluation()
         tasks: set[asyncio.Task[None]] = set()
         try:
             await self._register()
@@ -317,14 +318,32 @@ class Gateway:
         self._eval_started.add(version)
         tasks.add(asyncio.create_task(self.evaluate(version), name=f"eval-{version}"))
 
+    def _prepare_evaluation(self) -> None:
+        """How the evaluation hook is called (`evaluation_call_shape`): the current cookbook's `(step, rollout_fn)`
+        gets the version and the rollout function with `evaluation=True`; fleetrl's `(setup, rows)` gets the
+        held-out rows of run.eval_dataset, loaded here."""
+        self._evaluation_shape = evaluation_call_shape(self.evaluation_fn)
+        if self._evaluation_shape == "step_rollout_fn":
+            self._evaluation_rollout_fn = make_evaluation_rollout_fn(self.rollout_fn)
+            return
+        if not self.run_cfg.eval_dataset:
+            raise ValueError("--evaluation needs run.eval_dataset (a JSONL of held-out rows)")
+        from fleetrl.controller.dataset import load_rows
+
+        self.eval_rows = load_rows(self.run_cfg.eval_dataset)
+
+    def _evaluation_call(self, version: int) -> Any:
+        if self._evaluation_shape == "step_rollout_fn":
+            return self.evaluation_fn(version, self._evaluation_rollout_fn)
+        return self.evaluation_fn(self.setup, list(self.eval_rows))
+
     async def evaluate(self, version: int) -> None:
-        """Run the evaluation hook on the held-out rows against the live replicas; report eval/* metrics."""
+        """Run the evaluation hook against the live replicas (the version is the step: optimizer batches done);
+        report eval/* metrics (a hook returning None reports none of its own)."""
         started = time.monotonic()
         try:
-            metrics = await asyncio.wait_for(
-                self.evaluation_fn(self.setup, list(self.eval_rows)), timeout=self.config.eval_timeout_s
-            )
-            metrics = {str(k): float(v) for k, v in dict(metrics).items()}
+            metrics = await asyncio.wait_for(self._evaluation_call(version), timeout=self.config.eval_timeout_s)
+            metrics = {str(k): float(v) for k, v in dict(metrics or {}).items()}
         except TimeoutError:
             log.error(
                 "evaluation of version %d ran past eval_timeout_s (%.0f s); cancelled",

@@ -74,7 +74,7 @@ def main(
     try:
         if run_options:
             cfg = Config.load({**cfg.model_dump(exclude_unset=True), **run_options}, source="fleetrl.main")
-        if objects.evaluation_fn is not None and not cfg.eval_dataset:
+        if objects.evaluation_fn is not None and evaluation_needs_rows(objects.evaluation_fn) and not cfg.eval_dataset:
             raise ConfigError("evaluation_fn: name the held-out rows it evaluates: Config(eval_dataset=...)")
         rollout = rollout_fn_factory if isinstance(rollout_fn_factory, str) else object_label(rollout_fn_factory)
         up_data: dict[str, Any] = {"rollout": rollout, **cookbook_up, **up_options}
@@ -90,6 +90,17 @@ def main(
     finally:
         if lock is not None:
             lock.release()
+
+
+def evaluation_needs_rows(evaluation_fn: Any) -> bool:
+    """Whether the hook is fleetrl's `(setup, rows)` shape (it evaluates run.eval_dataset's rows); the current
+    cookbook's `(step, rollout_fn)` owns its rows. `ConfigError` naming evaluation_fn when its shape is unclear."""
+    from fleetrl.rollout import evaluation_call_shape
+
+    try:
+        return evaluation_call_shape(evaluation_fn) == "setup_rows"
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _launch(

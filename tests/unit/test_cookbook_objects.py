@@ -216,3 +216,21 @@ def test_the_cookbooks_main_does_not_cap_rows_handed_in(monkeypatch):
     cookbook.main(cfg, rollout_fn_factory="r.py:f", rows=[{"id": 1}], rollout_extras={"max_turns": 2})
     cookbook.main(cfg, rollout_fn_factory="r.py:f")
     assert calls == [([{"id": 1}], {"rollout_extras": {"max_turns": 2}, "max_rows": None}), (None, {})]
+
+
+def test_the_cookbooks_main_evaluates_every_step_unless_told(monkeypatch):
+    # The cookbook's main(evaluation_fn=..., evaluation_interval=1): every step. fleetrl's evaluation_interval 0 is
+    # start and end only, so the cookbook's main sets 1 when neither the call nor the config says.
+    import fleetrl
+    from fleetrl import cookbook
+
+    calls = []
+    monkeypatch.setattr(fleetrl, "main", lambda cfg, factory, rows, **options: calls.append(options))
+
+    async def evaluation_fn(step, rollout_fn):
+        return {}
+
+    cookbook.main(cookbook.Config(), rollout_fn_factory="r.py:f", evaluation_fn=evaluation_fn)
+    cookbook.main(cookbook.Config(), rollout_fn_factory="r.py:f", evaluation_fn=evaluation_fn, evaluation_interval=5)
+    cookbook.main(cookbook.Config(evaluation_interval=2), rollout_fn_factory="r.py:f", evaluation_fn=evaluation_fn)
+    assert [c.get("evaluation_interval") for c in calls] == [1, 5, None]

@@ -59,3 +59,18 @@ def test_an_evaluation_fn_without_eval_dataset_is_named(tmp_path, capsys):
     cfg = Config(base_model=str(tmp_path / "none"), log_path=str(tmp_path / "run"))
     summary = fleetrl.main(cfg, rollout_fn_factory=make_rollout_fn, evaluation_fn=lambda setup, rows: {})
     assert summary["exit_code"] == 2 and "evaluation_fn: name the held-out rows" in capsys.readouterr().err
+
+
+def test_a_cookbook_shaped_evaluation_fn_needs_no_eval_dataset(tmp_path, capsys):
+    """The current cookbook's evaluation_fn(step, rollout_fn) owns its rows: no eval_dataset asked for (the first
+    complaint is the missing model); a hook whose shape cannot be read is named."""
+    cfg = Config(base_model=str(tmp_path / "none"), log_path=str(tmp_path / "run"))
+
+    async def evaluation_fn(step, rollout_fn):
+        return {}
+
+    summary = fleetrl.main(cfg, rollout_fn_factory=make_rollout_fn, evaluation_fn=evaluation_fn)
+    err = capsys.readouterr().err
+    assert summary["exit_code"] == 2 and "base_model: no model at" in err and "held-out" not in err
+    summary = fleetrl.main(cfg, rollout_fn_factory=make_rollout_fn, evaluation_fn=lambda a, b: {})
+    assert summary["exit_code"] == 2 and "evaluation_fn: cannot tell from its parameters" in capsys.readouterr().err
