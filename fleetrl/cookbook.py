@@ -247,7 +247,8 @@ differences that remain are listed in docs/guide.md. `lora_alpha` 32 is added fo
 
 def cookbook_config(**fields: Any) -> FleetConfig:
     """A fleetrl `Config` from the cookbook recipe's keyword arguments, with the cookbook's defaults for what they
-    leave out (`COOKBOOK_DEFAULTS`; `lora_alpha` 32 when `lora_rank` > 0). The port of a cookbook recipe writes
+    leave out (`COOKBOOK_DEFAULTS`; `lora_alpha` 32 when `lora_rank` > 0; `eps_clip_high` = `eps_clip` when only
+    `eps_clip` is given, as the cookbook's symmetric clip). The port of a cookbook recipe writes
     `from fleetrl.cookbook import Config, main` and keeps its `Config(...)` call."""
     from fleetrl.config import Config as FleetConfig
 
@@ -257,6 +258,8 @@ def cookbook_config(**fields: Any) -> FleetConfig:
         data.pop("grad_accumulation_normalization")  # fleetrl's own spelling given: it alone says
     if data.get("lora_rank") and "lora_alpha" not in fields:
         data["lora_alpha"] = 32
+    if data.get("eps_clip") is not None and "eps_clip_high" not in fields:
+        data["eps_clip_high"] = data["eps_clip"]  # the cookbook's None upper clip is eps_clip (fleetrl's: the loss's)
     return FleetConfig(**data)
 
 

@@ -194,6 +194,14 @@ def test_the_cookbooks_config_takes_the_cookbooks_defaults():
     assert (cfg.kl_beta, cfg.learning_rate, cfg.tis_level, cfg.tis_cap) == (0.001, 1e-5, "token", 5.0)
     assert cfg.stale_policy == "train" and cfg.max_head_offpolicy_versions == 0  # admission-only staleness bound
     assert cookbook.Config(lora_rank=8).lora_alpha == 32 and cookbook.Config().lora_alpha is None
+    # eps_clip_high None is eps_clip there (a symmetric clip), the loss's default (0.2 for grpo) in fleetrl.
+    assert (
+        cookbook.Config(eps_clip=0.3).eps_clip_high,
+        cookbook.Config(eps_clip=0.3, eps_clip_high=0.4).eps_clip_high,
+    ) == (
+        0.3,
+        0.4,
+    )
     # What the recipe passes wins, in the cookbook's spelling or fleetrl's.
     assert cookbook.Config(max_rows=7, grad_clip_norm=1.0).max_rows == 7
     assert cookbook.Config(loss_agg_mode="token-mean").loss_agg_mode == "token-mean"
