@@ -24,16 +24,25 @@ from typing import Any
 
 from fleetrl.config import Config, ConfigError
 from fleetrl.model_path import ModelNotFoundError, check_model_path
-from fleetrl.rollout import RolloutSetup
+from fleetrl.rollout import RolloutSetup, evaluation_call_shape, make_evaluation_rollout_fn
 from fleetrl.up.config import load_run_and_up
 from fleetrl.up.console import Startup
 from fleetrl.up.supervisor import ServiceFailed, Supervisor, log_tail
 
 
 async def evaluate_with(
-    address: str, run: Config, evaluation: str, model: str, timeout_s: float, *, auth_token: str | None = None
+    address: str,
+    run: Config,
+    evaluation: str,
+    model: str,
+    timeout_s: float,
+    *,
+    auth_token: str | None = None,
+    rollout: str | None = None,
 ) -> dict[str, float]:
-    """The evaluation hook's metrics for the model served at `address` (an inference replica)."""
+    """The evaluation hook's metrics for the model served at `address` (an inference replica). fleetrl's
+    `evaluate(setup, rows)` gets eval_dataset's rows; the current cookbook's `evaluation_fn(step, rollout_fn)` gets
+    step 0 and the rollout function the `rollout` factory builds (with evaluation=True)."""
     from transformers import AutoTokenizer
 
     from fleetrl.controller.dataset import load_rows
@@ -41,17 +50,25 @@ async def evaluate_with(
     from fleetrl.user_code import load_object
 
     evaluation_fn = load_object(evaluation)
-    rows = load_rows(run.eval_dataset or "")
+    cookbook_shape = evaluation_call_shape(evaluation_fn) == "step_rollout_fn"
+    rows = [] if cookbook_shape else load_rows(run.eval_dataset or "")
     check_model_path(run.tokenizer_model or model)
     tokenizer = AutoTokenizer.from_pretrained(run.tokenizer_model or model)
     sampler = Sampler(tokenizer, auth_token=auth_token, default_kwargs=run.sample_kwargs)
     sampler.set_replicas([address])
     setup = RolloutSetup.for_run(run, tokenizer, sampler)
     try:
-        metrics = await asyncio.wait_for(evaluation_fn(setup, rows), timeout=timeout_s)
+        if cookbook_shape:
+            if rollout is None:
+                raise ValueError("evaluation_fn(step, rollout_fn) needs the run's rollout factory ([up] rollout)")
+            rollout_fn = make_evaluation_rollout_fn(load_object(rollout)(setup))
+            call = evaluation_fn(0, rollout_fn)
+        else:
+            call = evaluation_fn(setup, rows)
+        metrics = await asyncio.wait_for(call, timeout=timeout_s)
     finally:
         await sampler.close()
-    return {str(k): float(v) for k, v in dict(metrics).items()}
+    return {str(k): float(v) for k, v in dict(metrics or {}).items()}
 
 
 def servable_model(model: str, work_dir: Path, *, dtype: str = "float32") -> str:
@@ -85,12 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         check_model_path(model, "--model" if args.model else "run.base_model")
         if not up.evaluation:
             raise ConfigError("up.evaluation: the config names no evaluation function")
-        if not run.eval_dataset:
+        from fleetrl.up.run import evaluation_needs_rows, user_spec
+
+        if not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: the config names no held-out rows")
     except (ConfigError, ModelNotFoundError) as exc:
         print(f"fleetrl eval: {exc}", file=sys.stderr)
         return 2
-    from fleetrl.up.run import user_spec
 
     try:
         model = servable_model(model, Path(run.log_path) / "eval", dtype=run.dtype)
@@ -113,7 +131,15 @@ def main(argv: list[str] | None = None) -> int:
             startup.ready(replica)
         address = f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
         metrics: dict[str, Any] = asyncio.run(
-            evaluate_with(address, run, evaluation, model, args.timeout, auth_token=auth_token)
+            evaluate_with(
+                address,
+                run,
+                evaluation,
+                model,
+                args.timeout,
+                auth_token=auth_token,
+                rollout=user_spec(up.rollout, args.config.parent),
+            )
         )
     except ServiceFailed as exc:
         print(f"fleetrl eval: {exc}\n--- {exc.child.log_path} ---\n{log_tail(exc.child.log_path)}", file=sys.stderr)

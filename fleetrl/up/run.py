@@ -65,6 +65,23 @@ def user_spec(spec: str, config_dir: Path) -> str:
     return f"{module}:{attr}"
 
 
+def evaluation_needs_rows(spec: str, config_dir: Path) -> bool:
+    """Whether the `[up] evaluation` hook evaluates run.eval_dataset's rows: fleetrl's `(setup, rows)` shape, or a
+    hook that cannot be loaded here (its gateway says why). The current cookbook's `(step, rollout_fn)` owns its
+    rows; a hook whose shape cannot be read is refused naming evaluation_fn (`ConfigError`)."""
+    from fleetrl.rollout import evaluation_call_shape
+    from fleetrl.user_code import load_object
+
+    try:
+        evaluation_fn = load_object(user_spec(spec, config_dir))
+    except Exception:  # the user's module: any import error; the gateway that loads it reports it
+        return True
+    try:
+        return evaluation_call_shape(evaluation_fn) == "setup_rows"
+    except ValueError as exc:
+        raise ConfigError(f"up.evaluation: {exc}") from None
+
+
 def _flag_value(args: list[str], flag: str) -> str | None:
     """The value of `flag` in an argv list (`--flag V` or `--flag=V`), the last one winning."""
     value = None
@@ -622,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
             check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
-        if up.evaluation and not run.eval_dataset:
+        if up.evaluation and not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
         if up.controller_address is None:
             check_datasets(run)  # here, not in the controller once every service started

@@ -58,3 +58,34 @@ def test_eval_names_what_is_wrong(tmp_path, tiny_model_dir):
     broken = fleetrl_eval(write_config(tmp_path, tiny_model_dir, {"evaluation": hook}))
     assert broken.returncode == 1
     assert "evaluation failed: RuntimeError: the grader is down" in broken.stderr
+
+
+HOOKS = """
+def make_rollout_fn(setup):
+    async def rollout_fn(row, *, evaluation=False):
+        prompt = setup.tokenizer.encode(row["prompt"])
+        (c,) = await setup.sampler.sample_with_prompt_tokens(prompt, n=1, **setup.sample_kwargs)
+        return {"evaluation": evaluation, "tokens": len(c.completion_tokens)}
+
+    return rollout_fn
+
+
+async def evaluation_fn(step, rollout_fn):
+    results = [await rollout_fn({"prompt": f"{a}+{a}="}) for a in range(2)]
+    tokens = sum(r["tokens"] for r in results)
+    return {"step": step, "evaluation": all(r["evaluation"] for r in results), "tokens": tokens}
+"""
+
+
+def test_eval_runs_a_cookbook_shaped_hook_with_the_runs_rollout_function(tmp_path, tiny_model_dir):
+    # The current cookbook's evaluation_fn(step, rollout_fn): no eval_dataset; it gets step 0 and the [up] rollout
+    # factory's function, called with evaluation=True.
+    (tmp_path / "hooks.py").write_text(HOOKS)
+    run = {"base_model": tiny_model_dir, "log_path": str(tmp_path / "run"), "max_completion_tokens": 4}
+    up = {"rollout": "hooks.py:make_rollout_fn", "evaluation": "hooks.py:evaluation_fn", "engine": "hf"}
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"run": run, "up": up}))
+    result = fleetrl_eval(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (metrics["step"], metrics["evaluation"]) == (0.0, 1.0) and metrics["tokens"] >= 2

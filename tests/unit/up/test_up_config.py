@@ -104,3 +104,23 @@ def test_a_strictly_on_policy_trainer_gets_every_core(cpus, procs, replicas, ref
 
     plan = plan_threads(cpus, trainer_procs=procs, hf_replicas=replicas, reference=reference, on_policy=True)
     assert (plan.trainer, plan.inference, plan.reference) == expected
+
+
+def test_fleetrl_up_asks_no_held_out_rows_of_a_cookbook_shaped_evaluation(tmp_path, capsys):
+    """The current cookbook's evaluation_fn(step, rollout_fn) owns its rows: no eval_dataset asked for; a hook
+    whose shape cannot be read is refused naming it."""
+    from fleetrl.up.run import main
+
+    (tmp_path / "hooks.py").write_text(
+        "async def evaluation_fn(step, rollout_fn):\n    return {}\n\nasync def unclear(a, b):\n    return {}\n"
+    )
+    path = tmp_path / "run.json"
+    up = {"rollout": "m:f", "evaluation": "hooks.py:evaluation_fn"}
+    run = {"base_model": "m", "dataset": str(tmp_path / "missing.jsonl")}
+    path.write_text(json.dumps({"run": run, "up": up}))
+    assert main([str(path)]) == 2  # refused one check later, for the missing dataset: not for held-out rows
+    err = capsys.readouterr().err
+    assert "missing.jsonl" in err and "eval_dataset" not in err
+    path.write_text(json.dumps({"run": run, "up": {**up, "evaluation": "hooks.py:unclear"}}))
+    assert main([str(path)]) == 2
+    assert "up.evaluation: evaluation_fn: cannot tell from its parameters (a, b)" in capsys.readouterr().err
