@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -145,21 +144,27 @@ def throughput(args: argparse.Namespace) -> dict:
     return out
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _rss_mb() -> float:
+    return _status_mb("VmRSS")
 
 
 def memory_child(args: argparse.Namespace) -> None:
     """One step in this fresh process; prints JSON with the RSS before the step and the peak."""
     trainer = make_trainer(args.model_dir, args.workdir, args.arm)
     groups = groups_of([2048] * 16, args.vocab)
+    # This process's own peak (VmHWM, reset here): ru_maxrss keeps the high-water mark of the parent across exec.
+    Path("/proc/self/clear_refs").write_text("5")
     before = _rss_mb()
     trainer.train_step(groups)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
     print(json.dumps({"arm": args.arm, "rss_before_step_mb": before, "peak_rss_mb": peak}))
 
 

@@ -5,7 +5,6 @@ loading is about half of a whole load's."""
 from __future__ import annotations
 
 import json
-import resource
 import socket
 from functools import partial
 from pathlib import Path
@@ -88,11 +87,15 @@ def test_two_ranks_load_their_shards_to_exactly_the_whole_model(tiny_model_dir, 
 # --- memory ------------------------------------------------------------------------------------------------------
 
 
-def _rss_kb() -> int:
+def _status_kb(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _rss_kb() -> int:
+    return _status_kb("VmRSS")
 
 
 def warm_up_imports(model_dir: str) -> None:
@@ -111,13 +114,16 @@ def _memory_worker(rank: int, port: int, model_dir: str, mode: str, out: str) ->
         device = torch.device("cpu")
         shard = partial(shard_model, device=device, world_size=WORLD)
         warm_up_imports(model_dir)  # the model classes' imports are in the baseline of both modes
+        # The peak is this process's own (VmHWM, reset here): ru_maxrss would carry the high-water mark of the
+        # parent this rank was forked from across exec, which in a long pytest session exceeds both loads.
+        Path("/proc/self/clear_refs").write_text("5")
         before = _rss_kb()
         if mode == "sharded":
             model = load_sharded_causal_lm(model_dir, shard)
         else:
             model = load_causal_lm(model_dir)
             shard(model)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        peak = _status_kb("VmHWM")
         Path(f"{out}/{mode}-{rank}.json").write_text(json.dumps({"before_kb": before, "peak_kb": peak}))
         del model
     finally:
