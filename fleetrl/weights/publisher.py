@@ -157,20 +157,9 @@ class WeightPublisher(WeightStreamServer):
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
-            self._versions[version] = snapshot
             self._latest = version
-            while len(self._versions) > self.keep_versions:
-                self._versions.popitem(last=False)
-        manifest = snapshot.manifest
-        logger.info(
-            "published weights version %d: %d tensors, %.1f MB, checksum %s, in %.2fs",
-            version,
-            len(manifest.tensors),
-            manifest.total_bytes / 1e6,
-            manifest.checksum,
-            time.perf_counter() - started,
-        )
-        return manifest
+            self._keep(version, snapshot)
+        return _logged(snapshot.manifest, started, "")
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop serving and release the socket; raises if the serving loop had failed."""
@@ -303,20 +292,15 @@ class WeightPublisher(WeightStreamServer):
             tensors.append(copy)
         snapshot = _build_snapshot(version, names, tensors, adapter)
         with self._lock:
-            self._versions[version] = snapshot
             self._staging_version = None
-            while len(self._versions) > self.keep_versions:
-                self._versions.popitem(last=False)
-        manifest = snapshot.manifest
-        logger.info(
-            "published weights version %d: %d tensors, %.1f MB, checksum %s, in %.2fs (staged in the background)",
-            version,
-            len(manifest.tensors),
-            manifest.total_bytes / 1e6,
-            manifest.checksum,
-            time.perf_counter() - started,
-        )
-        return manifest
+            self._keep(version, snapshot)
+        return _logged(snapshot.manifest, started, " (staged in the background)")
+
+    def _keep(self, version: int, snapshot: Any) -> None:
+        """Serve `snapshot` as `version`, keeping the newest `keep_versions` (the caller holds the lock)."""
+        self._versions[version] = snapshot
+        while len(self._versions) > self.keep_versions:
+            self._versions.popitem(last=False)
 
     # -- serving: the shared loop (fleetrl.weights.server) asks for these ---------------------
 
@@ -376,3 +360,16 @@ def _build_snapshot(
         payloads=tuple(tensor_bytes(t) for t in tensors),
         tensors=tuple(tensors),
     )
+
+
+def _logged(manifest: Manifest, started: float, how: str) -> Manifest:
+    logger.info(
+        "published weights version %d: %d tensors, %.1f MB, checksum %s, in %.2fs%s",
+        manifest.version,
+        len(manifest.tensors),
+        manifest.total_bytes / 1e6,
+        manifest.checksum,
+        time.perf_counter() - started,
+        how,
+    )
+    return manifest
