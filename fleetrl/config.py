@@ -164,6 +164,18 @@ class Config(BaseModel):
     )
     dual_clip_c: float | None = Field(None, gt=1, description="dapo dual-clip bound c > 1.")
     kl_beta: float = Field(0.001, ge=0, description="k3 KL weight vs the reference (grpo).")
+    teacher_model: str | None = Field(
+        None,
+        description="On-policy distillation: a teacher HF causal LM (path or hub id, the run's tokenizer) that the "
+        "reference holds instead of base_model; it scores every sampled token (docs/losses.md).",
+    )
+    distill_weight: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Weight w of the teacher's signal: per-token advantage (1 - w) * A + w * (teacher - old); "
+        "None = 1.0 with teacher_model (pure distillation), 0 without.",
+    )
     dro_beta: float = Field(0.05, ge=0, description="dro's quadratic penalty weight.")
     tis_level: TisLevel = Field("token", description="Truncated importance sampling level.")
     tis_cap: float = Field(5.0, gt=0, description="TIS weight cap.")
@@ -278,6 +290,27 @@ class Config(BaseModel):
         return data
 
     @model_validator(mode="after")
+    def _check_distillation(self) -> Config:
+        """teacher_model and distill_weight agree with each other and with the run (see the fields)."""
+        if self.teacher_model is not None:
+            if not self.teacher_model.strip():
+                raise ValueError("teacher_model: give the teacher's path or hub id (or leave it unset)")
+            if self.lora:
+                raise ValueError(
+                    "teacher_model: on-policy distillation needs full fine-tuning for now; a LoRA run (lora_rank > 0) "
+                    "takes its reference from its own base weights (adapter disabled), not from a teacher"
+                )
+            if self.distill_weight is None:
+                object.__setattr__(self, "distill_weight", 1.0)  # pure distillation (no re-validation)
+        elif self.distill_weight:
+            raise ValueError(
+                f"distill_weight ({self.distill_weight}) needs teacher_model: the teacher's logprobs are the signal"
+            )
+        elif self.distill_weight is None:
+            object.__setattr__(self, "distill_weight", 0.0)
+        return self
+
+    @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
         g = self.completions_per_prompt
         if g < 2:
@@ -378,6 +411,18 @@ class Config(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc, source, cls, override_keys)) from None
+
+
+def wants_reference_logprobs(cfg: Any) -> bool:
+    """Whether the trainer needs reference logprobs: for the KL penalty (kl_beta > 0) or as the teacher's signal
+    (teacher_model set: fetched even with kl_beta = 0). `cfg` is a Config or anything with its attribute names."""
+    return getattr(cfg, "kl_beta", 0.0) > 0 or getattr(cfg, "teacher_model", None) is not None
+
+
+def reference_model_path(cfg: Any) -> str:
+    """The model the reference holds: the distillation teacher when teacher_model is set, else base_model."""
+    teacher = getattr(cfg, "teacher_model", None)
+    return teacher if teacher is not None else cfg.base_model
 
 
 COOKBOOK_RENAMED: dict[str, str] = {
