@@ -152,15 +152,20 @@ def make_flaky_rollout_fn(setup: RolloutSetup):
 def make_held_rollout_fn(setup: RolloutSetup):
     """The plain rollout, whose "tool call" after sampling waits while `extras["hold_file"]` exists: a test holds
     the run still (no row finishes, no step) while it changes the replicas under it. `extras["tool_latency_s"]`
-    (default 0) makes the tool call slow too, as in `make_slow_rollout_fn`."""
+    (default 0) makes the tool call slow too, as in `make_slow_rollout_fn`. With `extras["hold_from_row"]` = n, only
+    rows "count i ..." with i >= n wait: with the hold file made before the start and no shuffle, the first steps'
+    rows finish and the run then stands still, whatever rows were already in flight."""
     inner = make_rollout_fn(setup)
     hold = Path(setup.extras["hold_file"])
     latency_s = float(setup.extras.get("tool_latency_s", 0.0))
+    hold_from_row = int(setup.extras.get("hold_from_row", 0))
 
     async def rollout_fn(row: dict) -> RolloutSample | None:
         sample = await inner(row)
         if latency_s > 0:
             await asyncio.sleep(latency_s)
+        if hold_from_row and int(row["prompt"].split()[1]) < hold_from_row:
+            return sample
         while hold.exists():
             await asyncio.sleep(0.05)
         return sample

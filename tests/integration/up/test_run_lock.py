@@ -20,15 +20,18 @@ def test_a_second_start_on_a_live_runs_folder_is_refused_naming_its_pid(tmp_path
     config = write_run(
         tmp_path,
         tiny_model_dir,
-        {"max_steps": 3, "rollout_extras": {"hold_file": str(hold)}},
+        # Rows 0 and 1 make step 1; every later row waits while `hold` exists (made before the start), so the run
+        # stays live however many rows were in flight (holding after step 1 let rows already past the hold finish
+        # the run under the checks: the journal's -shm went with its connection).
+        {"max_steps": 3, "shuffle": False, "rollout_extras": {"hold_file": str(hold), "hold_from_row": 2}},
         {"rollout": "tests.integration.up.rollouts:make_held_rollout_fn"},
         n_rows=12,
     )
     run_dir = tmp_path / "run"
+    hold.touch()
     proc = start_fleetrl_up(config)
     try:
         wait_for_steps(proc, run_dir, 1)
-        hold.touch()  # the run stays live (its rollouts wait) while the other starts are tried
         files = {p.name: p.stat().st_size for p in run_dir.iterdir() if p.is_file()}
         for extra in ([], ["--resume"], ["--overwrite"]):
             other = fleetrl_up(config, timeout_s=120, extra=extra)
