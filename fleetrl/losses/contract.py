@@ -42,9 +42,11 @@ class LossInputs:
     rollout_logprobs: torch.Tensor
     """inf: the logprobs the sampler (inference replica) reported when it drew each token."""
     ref_logprobs: torch.Tensor | None
-    """ref: the frozen reference model's logprobs; None unless kl_beta > 0."""
+    """ref: the frozen reference model's logprobs (the distillation teacher's when the run sets teacher_model);
+    None unless kl_beta > 0 or teacher_model is set."""
     advantages_B1: torch.Tensor
-    """A: one advantage per sample, [B, 1] so it broadcasts over tokens."""
+    """A: one advantage per sample, [B, 1] so it broadcasts over tokens; per token, [B, T], when the run distils
+    (distill_weight > 0: (1 - w) * A + w * (ref - old), 0 at masked-out positions). Elementwise use covers both."""
     mask: torch.Tensor
     """1.0 on the tokens that train (the sample's loss_mask after the shift), 0.0 elsewhere."""
     tis_weights: torch.Tensor

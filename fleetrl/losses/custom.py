@@ -114,7 +114,7 @@ def check_custom_loss(spec: str, settings: LossSettings) -> None:
     old = -torch.rand(b, t, generator=g, dtype=torch.float32) - 0.5
     logprobs = (old + 0.01 * torch.randn(b, t, generator=g)).requires_grad_(True)
     rollout = old + 0.01 * torch.randn(b, t, generator=g)
-    ref = old + 0.01 * torch.randn(b, t, generator=g) if settings.kl_beta > 0 else None
+    ref = old + 0.01 * torch.randn(b, t, generator=g) if settings.kl_beta > 0 or settings.distill_weight > 0 else None
     mask = torch.tensor([[0.0, 1.0, 1.0], [0.0, 1.0, 0.0]])
     versions = torch.tensor([[0, 3, 3], [0, 2, 0]])
     advantages = torch.tensor([1.0, -1.0])

@@ -10,10 +10,12 @@ KL(student || teacher) is log p_student(x_t) - log p_teacher(x_t), so its negati
 and the loss is the importance-sampled policy gradient -r * adv_t * w (r = exp(pi - old), w the TIS weight), whose
 gradient at r = 1 is that of the reverse KL to the teacher (weight 1) plus the task's policy gradient.
 
-The teacher's logprobs arrive as `LossInputs.ref_logprobs`: the run's reference, computed by the reference service
-(or the colocated copy) and passed to the loss when `kl_beta > 0`, must hold the teacher (same tokenizer).
-`on_policy_distillation` is pure distillation (weight 1); for a mix, wrap `distillation_loss` in a module-level
-function of your own (`def my_loss(x, s): return distillation_loss(x, s, weight=0.5)`) and name it in policy_loss.
+The usual way in: set the run's `teacher_model` (the reference then holds the teacher, same tokenizer, checked at
+start, and its logprobs reach every loss even with kl_beta = 0) and `distill_weight`: fleetrl.losses.policy mixes
+`distillation_advantages` into the advantages of whatever loss the run names (grpo's clip included).
+The functions here are the same signal as a loss of its own: `on_policy_distillation` is pure distillation
+(weight 1); for a mix, wrap `distillation_loss` in a module-level function of your own
+(`def my_loss(x, s): return distillation_loss(x, s, weight=0.5)`) and name it in policy_loss.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ def distillation_loss(x: LossInputs, s: LossSettings, weight: float = 1.0) -> To
     `reverse_kl` (the masked mean of old - teacher per token) as a metric."""
     if x.ref_logprobs is None:
         raise ValueError(
-            "on-policy distillation needs the teacher's logprobs: run a reference that holds the teacher model "
-            "and set kl_beta > 0 so its logprobs reach the loss (as ref_logprobs)"
+            "on-policy distillation needs the teacher's logprobs: set teacher_model (the reference then holds the "
+            "teacher and its logprobs reach the loss as ref_logprobs)"
         )
     advantages_BT = distillation_advantages(x.ref_logprobs, x.old_logprobs, x.advantages_B1, weight)
     ratio = torch.exp(log_ratio(x.logprobs, x.old_logprobs))

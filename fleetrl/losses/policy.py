@@ -16,6 +16,7 @@ import torch
 from fleetrl.losses.aggregation import aggregate_loss, masked_mean
 from fleetrl.losses.contract import CustomLoss, LossInputs, TokenLoss, takes_over
 from fleetrl.losses.custom import load_custom_loss
+from fleetrl.losses.distill import distillation_advantages
 from fleetrl.losses.settings import LOSS_NAMES, LossSettings, resolve_loss_settings
 from fleetrl.losses.tis import TisWeights, tis_weights
 from fleetrl.losses.variants import LOSSES, k3_kl, log_ratio
@@ -174,12 +175,23 @@ def compute_policy_loss(
         tis = _raw_tis(old, inf, keep)
     else:
         tis = tis_weights(old, inf, mask_f, settings.tis_level, settings.tis_cap, settings.icepop_threshold)
+    advantages_B1 = advantages.detach().to(dtype).unsqueeze(-1)
+    if settings.distill_weight > 0:
+        # On-policy distillation mixed with the task (Tinker cookbook's incorporate_kl_penalty, Thinking Machines'
+        # "On-Policy Distillation"): the negated per-token reverse KL to the teacher joins the advantage.
+        if ref is None:
+            raise ValueError(
+                f"distill_weight = {settings.distill_weight} needs the teacher's logprobs (ref_logprobs): set "
+                "teacher_model so the reference holds the teacher and its logprobs reach the loss"
+            )
+        mixed_BT = distillation_advantages(ref, old, advantages_B1, settings.distill_weight)
+        advantages_B1 = torch.where(keep, mixed_BT, 0.0)
     inputs = LossInputs(
         logprobs=pi,
         old_logprobs=old,
         rollout_logprobs=inf,
         ref_logprobs=ref,
-        advantages_B1=advantages.detach().to(dtype).unsqueeze(-1),
+        advantages_B1=advantages_B1,
         mask=mask_f,
         tis_weights=tis.weights_BT,
         versions=None if versions is None else torch.where(keep, versions.detach().long(), -1),
@@ -209,6 +221,8 @@ def compute_policy_loss(
         }
         if ref is not None:
             stats["ref_kl"] = k3_kl(pi_d, ref)
+        if settings.distill_weight > 0 and ref is not None:
+            stats["reverse_kl"] = old - ref  # the single-sample reverse KL(student || teacher) per token
         stats.update(token_loss.extra_BT)
         means = torch.stack([masked_mean(v.detach().to(dtype), mask_f) for v in stats.values()])
         metrics = dict(zip(stats, (float(v) for v in means.tolist()), strict=True))

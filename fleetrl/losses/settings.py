@@ -68,6 +68,9 @@ class LossSettings:
     """How per-token losses become one scalar (see fleetrl.losses.aggregation)."""
     loss_agg_constant: float | None = None
     """Dr. GRPO normaliser for seq-mean-token-sum-norm; None: T, the padded length of the batch."""
+    distill_weight: float = 0.0
+    """On-policy distillation (a run's teacher_model): weight w in [0, 1] of the teacher's per-token signal; the
+    loss's advantages become (1 - w) * A + w * (ref - old), ref holding the teacher's logprobs. 0: off."""
 
     def __post_init__(self) -> None:
         _validate(self)
@@ -88,6 +91,8 @@ def _validate(s: LossSettings) -> None:
         value = getattr(s, field)
         if value is not None and _number(field, value) < 0:
             raise ValueError(f"loss setting {field} must be >= 0, got {value!r}")
+    if not 0.0 <= _number("distill_weight", s.distill_weight) <= 1.0:
+        raise ValueError(f"loss setting distill_weight must be in [0, 1], got {s.distill_weight!r}")
     if s.dual_clip_c is not None and _number("dual_clip_c", s.dual_clip_c) <= 1:
         raise ValueError(f"loss setting dual_clip_c must be > 1 (or None), got {s.dual_clip_c!r}")
     if _number("tis_cap", s.tis_cap) <= 0:

@@ -41,6 +41,37 @@ def test_without_teacher_logprobs_it_says_what_to_run() -> None:
         run_loss(DISTILL, old, old, old, t([1.0]), t([[1]]))
 
 
+@pytest.mark.parametrize("name", ["grpo", "importance_sampling", "cispo"])
+def test_distill_weight_mixes_the_teachers_signal_into_any_losss_advantage(name: str) -> None:
+    # The run-level mixing (teacher_model + distill_weight): the loss sees per-token advantages
+    # (1 - w) * A + w * (teacher - old), so at r = 1 its gradient per token is minus that (cispo's too: its
+    # d/dpi of -clip(r) * pi * A is -A at r = 1).
+    old = t([[-1.0, -2.0, -0.5]])
+    teacher = t([[-0.5, -2.5, -3.0]])
+    run = run_loss(
+        name, old, old, old, t([2.0]), t([[1, 1, 0]]), ref=teacher, loss_agg_mode="sum", distill_weight=0.25, kl_beta=0
+    )
+    expected = -(0.75 * 2.0 + 0.25 * (teacher - old)) * t([[1, 1, 0]])
+    torch.testing.assert_close(run.grad, expected)
+    assert run.metrics["reverse_kl"] == pytest.approx((-0.5 + 0.5) / 2)
+
+
+def test_distill_weight_zero_leaves_the_loss_as_it_was() -> None:
+    old, teacher = t([[-1.0, -2.0]]), t([[-0.5, -2.5]])
+    plain = run_loss("grpo", old, old, old, t([2.0]), t([[1, 1]]), ref=teacher, kl_beta=0)
+    zero = run_loss("grpo", old, old, old, t([2.0]), t([[1, 1]]), ref=teacher, kl_beta=0, distill_weight=0.0)
+    torch.testing.assert_close(plain.grad, zero.grad)
+    assert "reverse_kl" not in zero.metrics
+
+
+def test_distill_weight_without_teacher_logprobs_names_teacher_model() -> None:
+    old = t([[-1.0]])
+    with pytest.raises(ValueError, match=r"distill_weight .* teacher_model"):
+        run_loss("grpo", old, old, old, t([1.0]), t([[1]]), distill_weight=0.5)
+    with pytest.raises(ValueError, match="distill_weight"):
+        run_loss("grpo", old, old, old, t([1.0]), t([[1]]), ref=old, distill_weight=1.5)
+
+
 def _kl_to_teacher(student: torch.nn.Module, teacher: torch.nn.Module, sequences: torch.Tensor, prompt: int) -> float:
     """Mean over completion positions of the full-vocabulary KL(student || teacher) of the next token."""
     with torch.no_grad():
