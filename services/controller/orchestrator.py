@@ -15,16 +15,17 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from fleetrl import metric_names as mn
+from fleetrl.controller.fleet import FORGET_AFTER_TIMEOUTS, GONE_CODE_NAMES, Load, ReplicaFleet
 from fleetrl.controller.lease_signal import LeaseSignal
 from fleetrl.controller.members import Member, MemberRegistry
-from fleetrl.controller.push_plan import PushSource, push_sources
+from fleetrl.controller.push_plan import PushSource
 from fleetrl.controller.row_phases import RowPhases
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
@@ -43,10 +44,9 @@ from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_p
 log = logging.getLogger(__name__)
 
 
-UNRESPONSIVE_POLLS = 2  # a replica that misses this many Status polls in a row is fenced (hung, stopped)
-# A weight push that fails with these did not reach a serving replica (it is down, restarting or hung), as opposed
-# to one that answered and refused the weights.
-GONE_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+# A weight load that fails with these did not reach a serving replica (it is down, restarting or hung), as opposed
+# to one that answered and refused the weights (the fleet's GONE_CODE_NAMES).
+GONE_CODES = tuple(grpc.StatusCode[name] for name in GONE_CODE_NAMES)
 
 
 class RunFailed(RuntimeError):
@@ -130,10 +130,16 @@ class Orchestrator:
         self.restart_weights = config.restart_weights
         self.stop_requested = False  # SIGINT/SIGTERM: stop after the step in flight (request_stop)
         self.last_progress = clock()  # the last row outcome reported or step trained (see check_stalled)
-        self.pushed_version = 0  # the version every replica must serve: the last this process pushed (none yet)
-        self.weights_source = ""  # where the replicas fetched it from (the trainer's weight stream)
-        # The weight load in flight to each replica (a push, or a catch-up of a replica that joined or came back):
-        # one at a time per replica.
+        # The replicas' state machine (fencing, catch-up, push planning): this class carries out its decisions.
+        self.fleet = ReplicaFleet(
+            members,
+            weight_fanout=run.weight_fanout,
+            catch_up_backoff_s=config.heartbeat_interval_s,
+            forget_after_s=FORGET_AFTER_TIMEOUTS * config.heartbeat_timeout_s,
+            configured=[f"inference-{i}" for i in range(len(config.inference_addresses))],
+        )
+        # The task of the weight load in flight to each replica (a push, or a catch-up of a replica that joined or
+        # came back): one at a time per replica.
         self._loading: dict[str, tuple[Member, asyncio.Task[None]]] = {}
         self.wakeup = asyncio.Event()  # set by the servicer when an outcome arrives
         self.lease_signal = LeaseSignal()  # wakes held LeaseRows calls (fleetrl.controller.lease_signal)
@@ -162,6 +168,20 @@ class Orchestrator:
         self.row_phases = RowPhases()  # accepted rows' gateway phase seconds, until their step's line
         self.told_finished: set[str] = set()  # members a reply has told that the run finished
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
+
+    @property
+    def pushed_version(self) -> int:
+        """The version every replica must serve: the last this process pushed (0: none yet)."""
+        return self.fleet.pushed_version
+
+    @pushed_version.setter
+    def pushed_version(self, version: int) -> None:
+        self.fleet.pushed_version = version
+
+    @property
+    def weights_source(self) -> str:
+        """Where the replicas fetch the pushed version from (the trainer's weight stream)."""
+        return self.fleet.weights_source
 
     def leasing_open(self) -> bool:
         """Rows may be leased: the run has started (trainer and replica answered; after a resume, the resumed
@@ -229,86 +249,65 @@ class Orchestrator:
         members = [m for m in self.members.members.values() if m.kind in ("inference", "trainer")]
         await asyncio.gather(*(self._poll(m) for m in members))
 
-    async def _poll(self, member: Any) -> None:
+    async def _poll(self, member: Member) -> None:
         try:
             if member.kind == "inference":
                 stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
+                token = self.fleet.poll_sent(member)
                 status = await stub.Status(inference_pb2.StatusRequest(), timeout=self.heartbeat_interval_s)
-                if self.members.members.get(member.member_id) is not member:
-                    return  # it restarted meanwhile: this reply is the old process's and says nothing of the new one
-                loaded = int(status.loaded_version)
-                member.relay_address, member.relay_version = status.relay_address, int(status.relay_version)
-                if loaded < self.pushed_version and not member.fenced:
-                    self.members.fence(member.member_id, f"serves version {loaded}")
-                elif member.fenced and loaded >= self.pushed_version:
-                    # It answers and serves the current version (caught up, came back, or joined and was pushed).
-                    log.info("replica %s serves version %d again: back in rotation", member.member_id, loaded)
-                    self.members.loaded(member.member_id, loaded)
-                if member.fenced and loaded < self.pushed_version:
-                    self.catch_up(member, loaded)
+                load = self.fleet.status_answered(
+                    member,
+                    token,
+                    int(status.loaded_version),
+                    status.relay_address,
+                    int(status.relay_version),
+                    self.clock(),
+                )
+                if load is not None:
+                    self._start_load(load, self._catch_up(load))
             else:
                 stub = trainer_pb2_grpc.TrainerStub(self._channel(member.address))
                 status = await stub.Status(trainer_pb2.TrainerStatusRequest(), timeout=self.heartbeat_interval_s)
                 self.groups_address = status.groups_address
-            self.members.answered_poll(member.member_id, self.clock())
+                self.members.answered_poll(member.member_id, self.clock())
         except grpc.aio.AioRpcError as exc:
-            missed = self.members.missed_poll(member.member_id, exc.code().name)
-            if member.kind == "inference" and missed >= UNRESPONSIVE_POLLS and not member.fenced:
-                reason = f"did not answer Status {missed} times in a row ({exc.code().name})"
-                self.members.fence(member.member_id, reason)
-                log.warning("fenced replica %s: %s; its rollouts go to the other replicas", member.member_id, reason)
+            if member.kind == "inference":
+                self.fleet.status_missed(member, exc.code().name)
             else:
+                self.members.missed_poll(member.member_id, exc.code().name)
                 log.debug("%s %s did not answer Status: %s", member.kind, member.member_id, exc.code().name)
 
-    def _load_in_flight(self, member: Member) -> bool:
-        entry = self._loading.get(member.member_id)
-        if entry is None or entry[1].done():
-            return False
-        if entry[0] is not member:  # a load to the process this member id named before it restarted
-            entry[1].cancel()
-            return False
-        return True
+    def _start_load(self, load: Load, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `work` (the load the fleet decided) in the background, one load per replica: one still running for
+        the process its member id named before it restarted is cancelled."""
+        member = load.member
+        previous = self._loading.get(member.member_id)
+        if previous is not None and not previous[1].done():
+            previous[1].cancel()
+        task = asyncio.create_task(work, name=f"{load.kind}-{member.member_id}")
+        self._loading[member.member_id] = (member, task)
 
-    def catch_up(self, member: Member, loaded: int) -> None:
-        """Push the current version to a fenced replica that answers but serves an older one (it joined the run,
-        restarted, or missed a push), in the background; it is routable again once loaded."""
-        if not self.weights_source or self._load_in_flight(member):
+        def ended(task: asyncio.Task[None]) -> None:  # `work` reports a load that came back; this, any other end
+            if task.cancelled():
+                self.fleet.load_cancelled(load)
+            elif (exc := task.exception()) is not None:
+                self.fleet.load_cancelled(load)
+                log.error("the %s of replica %s failed", load.kind, member.member_id, exc_info=exc)
+
+        task.add_done_callback(ended)
+        return task
+
+    async def _catch_up(self, load: Load) -> None:
+        """A fenced replica that answers but serves an older version (it joined the run, restarted, or missed a
+        push) is pushed the run's version; it is routable again once loaded."""
+        member = load.member
+        try:
+            reply, src = await self._load_weights(member, load.version, load.plan)
+        except grpc.aio.AioRpcError as exc:  # it stays fenced; a later poll tries again (fleet: backing off)
+            self.fleet.load_failed(load, exc.code().name, exc.details() or "", self.clock())
             return
-        version, trainer = self.pushed_version, self.weights_source
-        plan = PushSource(trainer, False)
-        if self.run_cfg.weight_fanout != "direct" and member.relay_address:
-            # Relayed pushes: from a peer whose relay holds the version, else the trainer; through its own relay.
-            peer = self.members.relay_source(version, self.clock(), exclude=member.member_id)
-            plan = PushSource(trainer if peer is None else peer.relay_address, True)
-        log.info(
-            "replica %s serves version %d, the run is at %d: pushing it from %s",
-            member.member_id,
-            loaded,
-            version,
-            plan.source,
-        )
-
-        async def load() -> None:
-            try:
-                reply, src = await self._load_weights(member, version, plan)
-            except grpc.aio.AioRpcError as exc:  # it stays fenced; the next poll tries again
-                log.warning(
-                    "replica %s did not load version %d: %s: %s",
-                    member.member_id,
-                    version,
-                    exc.code().name,
-                    exc.details(),
-                )
-                return
-            if self.members.members.get(member.member_id) is not member:
-                return  # it restarted meanwhile: the new process starts from the base model
-            if reply.version >= self.pushed_version:
-                log.info("replica %s loaded version %d from %s: back in rotation", member.member_id, reply.version, src)
-                self.members.loaded(member.member_id, reply.version)
-            else:  # a newer version was published meanwhile: the next poll pushes that one
-                member.version = int(reply.version)
-
-        self._loading[member.member_id] = (member, asyncio.create_task(load(), name=f"catch-up-{member.member_id}"))
+        if self.fleet.load_succeeded(load, int(reply.version)):
+            log.info("replica %s loaded version %d from %s: back in rotation", member.member_id, reply.version, src)
 
     async def _cancel_loads(self) -> None:
         tasks = [task for _, task in self._loading.values()]
@@ -325,10 +324,19 @@ class Orchestrator:
                 self.members.remove(member.member_id)
                 log.warning("gateway %s missed its heartbeats: requeued rows %s", member.member_id, rows)
 
+    def forget_silent_replicas(self) -> None:
+        """Replicas that joined by themselves and never came back are dropped (fleetrl.controller.fleet): no more
+        polls or pushes to them; a load still in flight to one is cancelled."""
+        for member in self.fleet.forget_silent(self.clock()):
+            entry = self._loading.pop(member.member_id, None)
+            if entry is not None:
+                entry[1].cancel()
+
     async def _poll_forever(self) -> None:
         while not self.finished:
             await self.poll_members()
             self.release_dead_gateways()
+            self.forget_silent_replicas()
             self.scheduler.expire(self.clock())
             self.lease_signal.notify()
             await asyncio.sleep(self.heartbeat_interval_s)
@@ -373,7 +381,6 @@ class Orchestrator:
             reason = f"{exc.code().name}: {exc.details()}"
             raise RunFailed(f"trainer failed to publish version {version}: {reason}") from None
         await self.push_weights(int(reply.version), reply.weights_address)
-        self.pushed_version = int(reply.version)
         log.info("resumed at version %d: every replica serves it", version)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -478,8 +485,7 @@ class Orchestrator:
         self.scheduler.step_trained(step)
         weight_update_time = 0.0
         if reply.published:
-            weight_update_time = await self.push_weights(reply.version, reply.weights_address)
-            self.pushed_version = int(reply.version)
+            weight_update_time = await self.push_weights(int(reply.version), reply.weights_address)
             self.scheduler.publish(reply.version)
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
@@ -504,81 +510,56 @@ class Orchestrator:
             await self.evaluate(self.scheduler.gate.version, wait=False)
 
     async def push_weights(self, version: int, source: str) -> float:
-        """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures.
+        """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures. The
+        fleet (fleetrl.controller.fleet) plans the push and judges each outcome; this runs the calls.
 
         With no replica answering (the only one restarting) the run waits: the poller pushes the version to each
         replica that answers again. Only replicas that all answered and refused the weights fail the run."""
         t0 = self.clock()
-        self.weights_source = source
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
-        # One that is not answering Status is skipped (it stays fenced; once it answers, the poller catches it
-        # up), and so is one still loading an older version (the poller pushes this one after).
-        replicas = [
-            m
-            for m in self.members.alive("inference", self.clock())
-            if m.missed_polls < UNRESPONSIVE_POLLS and not self._load_in_flight(m)
-        ]
-        refused: list[str] = []
-        # weight_fanout "direct": each fetches from the trainer; "chain"/"tree": relayed, planned in registration
-        # order (fleetrl.controller.push_plan), all started at once (each relay pipelines from its upstream).
-        plans = push_sources([(m.member_id, m.relay_address) for m in replicas], self.run_cfg.weight_fanout, source)
+        push = self.fleet.start_push(version, source, self.clock())
 
-        async def push(member: Any) -> None:
+        async def load_one(load: Load) -> None:
+            member = load.member
             try:
-                reply, src = await self._load_weights(member, version, plans[member.member_id])
-                if self.members.members.get(member.member_id) is not member:
-                    return  # it restarted during the push: the new process is caught up by the poller
-                if member.fenced:
-                    log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
-                self.members.loaded(member.member_id, reply.version)
-                self.last_push_fetch_s = max(self.last_push_fetch_s, reply.transfer_s)
-                self.last_push_swap_s = max(self.last_push_swap_s, reply.pause_s)
-                log.info(
-                    "replica %s loaded version %d from %s (transfer %.3f s, pause %.3f s)",
-                    member.member_id,
-                    reply.version,
-                    src,
-                    reply.transfer_s,
-                    reply.pause_s,
-                )
+                reply, src = await self._load_weights(member, version, load.plan)
             except grpc.aio.AioRpcError as exc:
-                if self.members.members.get(member.member_id) is not member:
-                    return
-                reason = f"LoadWeights({version}) failed: {exc.code().name}: {exc.details()}"
-                self.members.fence(member.member_id, reason)
-                log.warning("fenced replica %s: %s", member.member_id, reason)
-                if exc.code() not in GONE_CODES:
-                    refused.append(member.member_id)
+                self.fleet.load_failed(load, exc.code().name, exc.details() or "", self.clock(), push)
+                return
+            was_fenced = member.fenced
+            if not self.fleet.load_succeeded(load, int(reply.version)):
+                return  # it restarted during the push: the new process is caught up by the poller
+            if was_fenced:
+                log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
+            self.last_push_fetch_s = max(self.last_push_fetch_s, reply.transfer_s)
+            self.last_push_swap_s = max(self.last_push_swap_s, reply.pause_s)
+            log.info(
+                "replica %s loaded version %d from %s (transfer %.3f s, pause %.3f s)",
+                member.member_id,
+                reply.version,
+                src,
+                reply.transfer_s,
+                reply.pause_s,
+            )
 
         # A replica that stops answering Status during the push (hung, SIGSTOP) is fenced by the poller; its
         # LoadWeights is cancelled then instead of holding the gate for the whole push timeout.
-        tasks = {asyncio.create_task(push(m), name=f"push-{m.member_id}"): m for m in replicas}
-        self._loading.update({m.member_id: (m, task) for task, m in tasks.items()})
+        tasks = {self._start_load(load, load_one(load)): load for load in push.loads}
         pending, abandoned = set(tasks), []
         while pending:
             _, pending = await asyncio.wait(pending, timeout=self.heartbeat_interval_s)
-            for task in [t for t in pending if tasks[t].missed_polls >= UNRESPONSIVE_POLLS]:
+            for task in [t for t in pending if self.fleet.unresponsive(tasks[t])]:
+                self.fleet.push_abandoned(tasks[task])
                 task.cancel()
                 pending.discard(task)
                 abandoned.append(task)
-                member = tasks[task]
-                self.members.fence(member.member_id, f"stopped answering during the push of version {version}")
-                log.warning(
-                    "fenced replica %s: stopped answering during the push of version %d", member.member_id, version
-                )
         await asyncio.gather(*abandoned, return_exceptions=True)
         for task in tasks:
             if not task.cancelled():
-                task.result()  # surface a bug in push()
-        for member in self.members.alive("inference", self.clock()):
-            if member.version < version and not member.fenced:  # e.g. a catch-up to the previous version ended
-                self.members.fence(member.member_id, f"serves version {member.version}, the run is at {version}")
-        if not self.members.routable_replicas(self.clock()):
-            if refused and len(refused) == len(tasks):
-                raise RunFailed(f"every inference replica failed to load version {version}")
-            log.warning(
-                "no replica serves version %d yet: rollouts wait until one answers again and has loaded it", version
-            )
+                task.result()  # surface a bug in load_one()
+        failure = self.fleet.finish_push(push, self.clock())
+        if failure is not None:
+            raise RunFailed(failure)
         return self.clock() - t0
 
     async def _load_weights(self, member: Member, version: int, plan: PushSource) -> tuple[Any, str]:

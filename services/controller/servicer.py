@@ -61,11 +61,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             member = self.members.register(kind, request.member_id, request.address, self.clock())
         except ValueError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"Register: {exc}")
-        required = self.orchestrator.pushed_version
-        if kind == "inference" and member.version < required:
-            # A replica joining a running run starts from the base model: it takes no rollouts until it serves
-            # the version every other replica serves (a push, or the member poll seeing it loaded).
-            self.members.fence(member.member_id, f"joined serving version {member.version}, the run is at {required}")
+        # A replica joining a running run starts from the base model: it takes no rollouts until it serves the
+        # version every other replica serves (a push, or the member poll seeing it loaded).
+        self.orchestrator.fleet.joined(member)
         return controller_pb2.RegisterResponse(heartbeat_interval_s=self.heartbeat_interval_s, run_id=self.run_id)
 
     async def Heartbeat(

@@ -47,7 +47,6 @@ async def test_a_late_reply_from_the_old_process_does_not_unfence_its_successor(
     config = ControllerConfig(run=Config(), rows_path="rows.jsonl", heartbeat_interval_s=20)
     orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=lambda: 0.0)
     orch.pushed_version = 3
-    orch.catch_up = lambda member, loaded: None  # no trainer here: a catch-up would push from nowhere
     try:
         poll = asyncio.create_task(orch._poll(old))
         await async_wait_until(replica.asked.is_set, 10, "the poll asking the old process")
