@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from fleetrl import metric_names as mn
+from fleetrl.config import wants_reference_logprobs
 from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
@@ -250,7 +251,7 @@ class InnerLoop:
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
-        wants_ref = self.cfg.kl_beta > 0 and ref_rows is None and ref_future is None
+        wants_ref = wants_reference_logprobs(self.cfg) and ref_rows is None and ref_future is None
         if wants_ref and self.reference_model is not None:
             # The colocated reference: a frozen copy sharded like the policy, in the same micro-batches.
             ref_rows = self.compute_logprobs(
@@ -335,7 +336,7 @@ class InnerLoop:
                 batch.rollout_logprobs_BT.to(self.device),
                 adv,
                 mask,
-                ref_logprobs=ref_BT if self.cfg.kl_beta > 0 else None,
+                ref_logprobs=ref_BT if wants_reference_logprobs(self.cfg) else None,
                 cfg=settings,
                 versions=batch.versions_BT.to(self.device) if batch.versions_BT is not None else None,
             )

@@ -35,10 +35,12 @@ from typing import Any
 import torch
 
 from fleetrl import metric_names as mn
+from fleetrl.config import reference_model_path, wants_reference_logprobs
 from fleetrl.datum import Datum, build_datum, shift_datum
 from fleetrl.losses import resolve_loss_settings
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
+from fleetrl.tokenizer_match import check_same_tokenizer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
 from fleetrl.trainer.batching import RowFigures, StepBatch, build_step_batch, rank_rows
@@ -161,7 +163,7 @@ class PolicyTrainer:
         # process, on the trainer's device, in its compute dtype, sharded like the policy; its logprobs come from
         # the same micro-batches as the training forward (no service, no network, no wait).
         self.reference_model = (
-            self._load_reference() if colocated_reference and cfg.kl_beta > 0 and not cfg.lora else None
+            self._load_reference() if colocated_reference and wants_reference_logprobs(cfg) and not cfg.lora else None
         )
         if self.reference_model is not None and ref_logprobs_fn is not None:
             raise ValueError("reference: give either a reference service (ref_logprobs_fn) or the colocated copy")
@@ -193,19 +195,23 @@ class PolicyTrainer:
 
     def _load_reference(self) -> torch.nn.Module:
         """The frozen reference: the base model in the compute dtype (bfloat16 on CUDA: half the memory of a float32
-        copy, and the same numerics as the policy's mixed-precision forward), sharded like the policy."""
+        copy, and the same numerics as the policy's mixed-precision forward), sharded like the policy. With a
+        teacher_model it is the teacher (on-policy distillation), refused when its tokenizer reads ids otherwise."""
+        path = reference_model_path(self.cfg)
+        if getattr(self.cfg, "teacher_model", None) is not None:
+            check_same_tokenizer(self.cfg.tokenizer_model or self.cfg.base_model, path, field="teacher_model")
         compute = resolve_compute_dtype(self.cfg, self.device)
         dtype = next(name for name, value in DTYPES.items() if value == compute)
         if self.ctx.enabled:
             model = load_sharded_causal_lm(
-                self.cfg.base_model,
+                path,
                 lambda m: fdist.shard_model(m, self.device, self.ctx.world_size, self.ctx.mesh_shape),
                 dtype=dtype,
                 gradient_checkpointing=False,
                 device=self.device,
             )
         else:
-            model = load_causal_lm(self.cfg.base_model, dtype=dtype, device=self.device, trainable=False)
+            model = load_causal_lm(path, dtype=dtype, device=self.device, trainable=False)
         model.requires_grad_(False)
         model.eval()
         return model
@@ -396,7 +402,7 @@ class PolicyTrainer:
     # -- the step ----------------------------------------------------------------------------
 
     def _request_ref(self, batch: StepBatch) -> Future[list[list[float]]] | None:
-        if self.ref_logprobs_fn is None or self.cfg.kl_beta <= 0 or not batch.samples:
+        if self.ref_logprobs_fn is None or not wants_reference_logprobs(self.cfg) or not batch.samples:
             return None
         assert self._ref_pool is not None
         sequences = [list(s.tokens) for s in batch.samples]

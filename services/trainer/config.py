@@ -87,6 +87,11 @@ class TrainerServiceConfig(BaseModel):
     def _check(self) -> TrainerServiceConfig:
         if not self.run.base_model:
             raise ValueError("run.base_model: the model to train is required (path or hub id)")
+        if self.run.teacher_model is not None and self.reference is None:
+            raise ValueError(
+                f"reference: run.teacher_model = {self.run.teacher_model!r} needs the teacher's logprobs: pass "
+                "--reference HOST:PORT (fleetrl serve reference --model TEACHER) or --reference local"
+            )
         if self.run.kl_beta > 0 and self.reference is None and not self.run.lora:
             raise ValueError(
                 f"reference: run.kl_beta = {self.run.kl_beta} > 0 needs reference logprobs: pass --reference "

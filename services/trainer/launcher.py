@@ -69,7 +69,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     run = run_config_from_args(args, {"base_model": args.model} if args.model else None)
     reference = args.reference
-    if reference is None and args.standalone and run.kl_beta > 0 and not run.lora:
+    if reference is None and args.standalone and (run.kl_beta > 0 or run.teacher_model) and not run.lora:
         reference = "local"
     values = {
         "run": run,

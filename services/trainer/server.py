@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
+from fleetrl.config import wants_reference_logprobs
 from fleetrl.group_stream import GroupReceiver
 from fleetrl.rollout_group import RolloutGroup, write_groups_jsonl
 from fleetrl.rpc import create_grpc_server, resolve_auth_token
@@ -55,7 +56,8 @@ def build_trainer(config: TrainerServiceConfig, ctx: DistContext) -> PolicyTrain
     """The PolicyTrainer the config describes (reference logprobs wired on rank 0 only)."""
     ref_fn = None
     # LoRA: the policy's own base weights (adapter disabled) are the reference; nothing to connect to.
-    wants_ref = config.run.kl_beta > 0 and not config.run.lora
+    # A distillation teacher (teacher_model) is the reference too, its logprobs wanted even with kl_beta = 0.
+    wants_ref = wants_reference_logprobs(config.run) and not config.run.lora
     colocated = wants_ref and config.reference == "local"  # a frozen copy in every rank, sharded like the policy
     if ctx.is_main and not colocated:
         ref_fn = make_reference_fn(
