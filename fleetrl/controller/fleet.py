@@ -260,13 +260,13 @@ class ReplicaFleet:
         delay = self.catch_up_delay_s(count)
         self._refusals[member.member_id] = _Refusals(member, count, now + delay)
         log.warning(
-            "replica %s did not load version %d: %s: %s (%d in a row; next try in %.0f s or at the next poll)",
+            "replica %s did not load version %d: %s: %s (%d in a row; %s)",
             member.member_id,
             load.version,
             code,
             details,
             count,
-            delay,
+            f"next try in {delay:.0f} s" if delay else "tried again at the next poll",
         )
 
     # --- pushes ----------------------------------------------------------------------------------
