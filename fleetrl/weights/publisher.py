@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import zmq
 
+from fleetrl.weights.collective_plan import DEFAULT_BUCKET_BYTES
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
 from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
@@ -30,6 +31,8 @@ from fleetrl.weights.staging import HostStaging
 from fleetrl.weights.timeouts import transfer_timeout_s
 
 __all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
+
+JOIN_TIMEOUT_S = 10.0  # fleetrl.weights.collective.JOIN_TIMEOUT_S (not imported here: it loads torch.distributed)
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,10 @@ class WeightPublisher(WeightStreamServer):
     is fetchable at once (a fetch of it waits until it is ready) and the returned Future gives its
     manifest. Memory: the served versions (``keep_versions``) plus one staged version in the reused
     buffers; a publish while the previous version is still being staged waits for it first.
+
+    A replica asking for a version's group (``weight_transport = "collective"``) opens one ``CollectiveSender`` per
+    push on ``collective_backend`` (``fleetrl.weights.collective``); it keeps that version's snapshot alive until the
+    broadcast ends, so memory stays one served copy per version.
     """
 
     name = "weight publisher"
@@ -78,7 +85,12 @@ class WeightPublisher(WeightStreamServer):
         session_timeout_s: float = 300.0,
         session_sweep_s: float = 1.0,
         start_timeout_s: float = 10.0,
+        collective_backend: str = "gloo",
+        collective_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        collective_join_timeout_s: float = JOIN_TIMEOUT_S,
     ) -> None:
+        if collective_backend not in ("gloo", "nccl"):
+            raise ValueError(f"collective_backend must be 'gloo' or 'nccl', got {collective_backend!r}")
         if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         if not isinstance(keep_versions, int) or keep_versions < 1:
@@ -97,6 +109,13 @@ class WeightPublisher(WeightStreamServer):
         self._staging_version: int | None = None
         self._failed_stage: tuple[int, BaseException] | None = None
         self.stage_waits = 0  # publishes that waited for the previous version's staging to finish
+        # Collective pushes (fleetrl.weights.collective): the open group of each version (serving thread only).
+        self.collective_backend = collective_backend
+        self.collective_bucket_bytes = collective_bucket_bytes
+        self.collective_join_timeout_s = collective_join_timeout_s
+        self._bind_host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+        self._groups: dict[int, Any] = {}
+        self.collective_senders: deque[Any] = deque(maxlen=8)  # the last groups opened (tests and benchmarks)
         try:
             self._start_serving(bind, start_timeout_s, "fleetrl-weight-publisher")
         except WeightTransferError:
@@ -317,6 +336,31 @@ class WeightPublisher(WeightStreamServer):
             message = f"weight version {version} is not available; the publisher has {available}"
             raise Refusal("unknown_version", message)
         return snapshot.manifest, snapshot.manifest_bytes, snapshot
+
+    def _open_collective(self, version: int, replicas: int, timeout_s: float) -> tuple[bytes, bytes]:
+        """The open group of `version`, or a new one (the first replica to ask opens it; one group per push)."""
+        from fleetrl.weights.collective import CollectiveSender, encode_offer
+
+        _, _, snapshot = self._open_session(version)  # Deferred while staging, Refusal when unknown
+        if snapshot.manifest.is_adapter:
+            raise Refusal("unsupported", f"weight version {version} is a LoRA adapter: it goes over the weight stream")
+        for done in [v for v, g in self._groups.items() if g.closed.is_set()]:
+            del self._groups[done]
+        sender = self._groups.get(version)
+        if sender is None:
+            sender = CollectiveSender(
+                snapshot.manifest,
+                snapshot.payloads,
+                expected_replicas=replicas,
+                host=self._bind_host,
+                backend=self.collective_backend,
+                bucket_bytes=self.collective_bucket_bytes,
+                join_timeout_s=self.collective_join_timeout_s,
+                timeout_s=timeout_s,
+            ).start()
+            self._groups[version] = sender
+            self.collective_senders.append(sender)
+        return encode_offer(sender)
 
     def _answer_chunk(
         self, sock: zmq.Socket, peer: bytes, session: Session, header: bytes, tensor_index: int, start: int, stop: int

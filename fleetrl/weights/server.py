@@ -13,7 +13,10 @@ arrives from upstream (answering a range when its bytes are there). Everything e
 - A reply to a peer that has gone (or whose queue is full) is dropped, and so are its sessions.
 - Sessions idle past ``session_timeout_s`` expire (looked for every ``session_sweep_s``); at most
   ``MAX_SESSIONS`` are open at once.
-- ``counts``: "requests", "requests_refused/<reason>", "sessions_expired", and what the subclass adds.
+- ``counts``: "requests", "requests_refused/<reason>", "sessions_expired", "collective_offers", and what the
+  subclass adds.
+- A "collective" request asks for the version's group of the collective transport (``fleetrl.weights.collective``);
+  a subclass that can broadcast (the publisher) answers it in ``_open_collective``, the relay refuses it.
 
 A subclass implements ``_open_session(version)`` (the manifest to serve, a ``Refusal``, or ``Deferred``: the
 manifest request waits, retried every turn of the loop, for a version still being staged) and
@@ -99,7 +102,8 @@ class WeightStreamServer:
         self._session_timeout_s = session_timeout_s
         self._session_sweep_s = session_sweep_s
         self._sessions: dict[bytes, Session] = {}  # serving thread only
-        self._deferred: list[tuple[bytes, list[bytes], float]] = []  # manifest requests waiting (serving thread)
+        # manifest (and collective) requests waiting for their version (serving thread): peer, args, since, handler
+        self._deferred: list[tuple[bytes, list[bytes], float, Any]] = []
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._serve_failure: BaseException | None = None
@@ -168,6 +172,11 @@ class WeightStreamServer:
 
     def _serve_finished(self) -> None:
         """The loop ended (or never bound): release the subclass's own resources."""
+
+    def _open_collective(self, version: int, replicas: int, timeout_s: float) -> tuple[bytes, bytes]:
+        """The reply frames (offer JSON, manifest) for the collective push of ``version`` to ``replicas`` replicas
+        (``fleetrl.weights.collective``); raise Refusal (the default: this server only streams) or Deferred."""
+        raise Refusal("unsupported", f"the {self.name} does not serve collective pushes")
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -269,6 +278,8 @@ class WeightStreamServer:
             self._serve_chunk(sock, peer, args)
         elif op == b"manifest":
             self._serve_manifest(sock, peer, args)
+        elif op == b"collective":
+            self._serve_collective(sock, peer, args)
         elif op == b"done":
             session = self._sessions.get(args[0]) if len(args) == 1 else None
             if session is not None and session.peer == peer:
@@ -286,12 +297,12 @@ class WeightStreamServer:
         """Answer the manifest requests whose version has become servable; drop those waiting past the session
         timeout (their fetches gave up long before)."""
         waiting, self._deferred = self._deferred, []
-        for peer, args, since in waiting:
+        for peer, args, since, handler in waiting:
             if now - since > self._session_timeout_s:
                 self._refuse(sock, peer, "timeout", f"the {self.name} did not have the version within the timeout")
                 continue
             try:
-                self._serve_manifest(sock, peer, args, since=since)
+                handler(sock, peer, args, since=since)
             except zmq.ContextTerminated:
                 raise
             except Exception as exc:  # as _handle_safely: one request never stops the loop
@@ -326,7 +337,7 @@ class WeightStreamServer:
                 return
             if since is None:
                 self.counts["manifests_deferred"] += 1
-            self._deferred.append((peer, args, time.monotonic() if since is None else since))
+            self._deferred.append((peer, args, time.monotonic() if since is None else since, self._serve_manifest))
             return
         if len(self._sessions) >= MAX_SESSIONS:
             self._refuse(sock, peer, "busy", f"the {self.name} has {MAX_SESSIONS} fetches open; try again later")
@@ -337,6 +348,41 @@ class WeightStreamServer:
         if self._send(sock, peer, [b"manifest", session_id, transfer, manifest_bytes]):
             self.counts["manifests_served"] += 1
             logger.debug("%s: serving version %d to a receiver", self.name, version)
+
+    def _serve_collective(self, sock: zmq.Socket, peer: bytes, args: list[bytes], since: float | None = None) -> None:
+        """A replica asks for the group of a version (``fleetrl.weights.collective.request_group``)."""
+        if len(args) != 2:
+            self._refuse(sock, peer, "protocol", "bad collective request: expected [token, JSON request] frames")
+            return
+        token, request_json = args
+        if not self._token_ok(token):
+            what = "a wrong auth token" if token else "no auth token"
+            self._refuse(sock, peer, "auth", f"the {self.name} requires an auth token and the request sent {what}")
+            return
+        try:
+            request = json.loads(request_json)
+            version, replicas, timeout_s = request["version"], request["replicas"], float(request["timeout_s"])
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in (version, replicas)) or replicas < 1:
+                raise TypeError("version and replicas must be ints, replicas >= 1")
+            if not 0 < timeout_s < 1e6:
+                raise ValueError(f"timeout_s {timeout_s} out of range")
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:
+            self._refuse(sock, peer, "protocol", f"bad collective request: {str(exc)[:200]}")
+            return
+        try:
+            offer, manifest_bytes = self._open_collective(version, replicas, timeout_s)
+        except Refusal as refusal:
+            self._refuse(sock, peer, refusal.reason, refusal.message)
+            return
+        except Deferred:
+            if since is None and len(self._deferred) >= MAX_SESSIONS:
+                message = f"the {self.name} has {MAX_SESSIONS} requests waiting; try again later"
+                self._refuse(sock, peer, "busy", message)
+                return
+            self._deferred.append((peer, args, time.monotonic() if since is None else since, self._serve_collective))
+            return
+        if self._send(sock, peer, [b"collective", offer, manifest_bytes]):
+            self.counts["collective_offers"] += 1
 
     def _serve_chunk(self, sock: zmq.Socket, peer: bytes, args: list[bytes]) -> None:
         if len(args) != 2 or len(args[1]) != RANGE.size:

@@ -1,0 +1,417 @@
+"""The collective weight transport: the trainer broadcasts a version into the replicas' workers over torch.distributed.
+
+``weight_transport = "collective"`` (docs/inference.md, "The weight path"). One process group per push, gloo on
+CPU and NCCL on GPU, built from a ``TCPStore`` the trainer's weight publisher opens for that push (no global
+``init_process_group``: the trainer may run its own, and a replica's workers run vLLM's):
+
+1. A replica asks the trainer's weight stream for the group of a version (``request_group``: a ZeroMQ request on
+   the stream it would otherwise fetch from, answered with the store's port, the group's name, the wire settings
+   and the version's manifest). The first request opens the group: ``CollectiveSender`` starts on the trainer.
+2. The replica claims one rank per receiving worker in the store (``join_group``: one atomic ``add``, see
+   ``fleetrl.weights.collective_plan``) and waits for the group to close, which it does when the replicas the
+   controller pushes to have joined or ``join_timeout_s`` has passed. A replica too late gets None and loads the
+   version over ZeroMQ.
+3. Every receiving worker builds the group with its rank (``receive_into``) and receives the buckets
+   (``plan_buckets``) straight into its flat receive buffer, then checks each tensor's checksum against the manifest.
+
+Every wait is bounded: the join by ``join_timeout_s`` (plus the store's timeout), the group's rendezvous and each
+broadcast by the push's ``timeout_s`` plus its bytes at a conservative rate (``fleetrl.weights.timeouts``). Any
+failure raises ``WeightTransferError`` (reason "collective"); the replica then loads the version over ZeroMQ, so a
+member that dies mid-push costs the others a retry, never a wrong version.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from secrets import token_hex
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from fleetrl.weights.collective_plan import (
+    CLOSED,
+    DEFAULT_BUCKET_BYTES,
+    Bucket,
+    claimed_rank_offset,
+    flat_layout,
+    plan_buckets,
+    world_size_at_close,
+)
+from fleetrl.weights.errors import WeightTransferError
+from fleetrl.weights.manifest import Manifest, checksum_bytes, decode_manifest, encode_manifest
+from fleetrl.weights.protocol import PROTOCOL, parse_error
+from fleetrl.weights.timeouts import transfer_timeout_s
+
+__all__ = [
+    "JOIN_TIMEOUT_S",
+    "CollectiveSender",
+    "GroupOffer",
+    "Membership",
+    "join_group",
+    "receive_into",
+    "receive_state_dict",
+    "request_group",
+]
+
+logger = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_S = 10.0  # how long a group waits for the replicas it expects before it closes with those present
+BACKENDS = ("gloo", "nccl")
+_POLL_S = 0.01
+_REPLICAS_KEY = "replicas"
+_RANKS_KEY = "ranks"
+_WORLD_KEY = "world"
+
+
+@dataclass(frozen=True)
+class GroupOffer:
+    """What a replica needs to join a version's group (the weight stream's answer to ``request_group``)."""
+
+    host: str
+    port: int
+    group: str
+    backend: str
+    bucket_bytes: int
+    join_timeout_s: float
+    timeout_s: float
+    manifest: Manifest
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything but the manifest (sent in its own frame)."""
+        return {
+            "host": self.host,
+            "port": self.port,
+            "group": self.group,
+            "backend": self.backend,
+            "bucket_bytes": self.bucket_bytes,
+            "join_timeout_s": self.join_timeout_s,
+            "timeout_s": self.timeout_s,
+        }
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any], manifest: Manifest) -> GroupOffer:
+        return cls(
+            host=str(fields["host"]),
+            port=int(fields["port"]),
+            group=str(fields["group"]),
+            backend=str(fields["backend"]),
+            bucket_bytes=int(fields["bucket_bytes"]),
+            join_timeout_s=float(fields["join_timeout_s"]),
+            timeout_s=float(fields["timeout_s"]),
+            manifest=manifest,
+        )
+
+
+@dataclass(frozen=True)
+class Membership:
+    """A replica's place in a group: its first rank (one per receiving worker from there) and the world size."""
+
+    rank_offset: int
+    world_size: int
+
+
+def _store(host: str, port: int, *, master: bool, timeout_s: float) -> dist.TCPStore:
+    return dist.TCPStore(
+        host, port, None, master, timeout=timedelta(seconds=timeout_s), wait_for_workers=False, use_libuv=True
+    )
+
+
+def _process_group(store: Any, rank: int, world_size: int, backend: str, timeout_s: float) -> Any:
+    prefix = dist.PrefixStore("pg/", store)
+    timeout = timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(prefix, rank, world_size, options)
+    raise ValueError(f"collective backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def _broadcast(group: Any, buffer: torch.Tensor, timeout_s: float) -> None:
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    options.timeout = timedelta(seconds=timeout_s)
+    group.broadcast([buffer], options).wait()
+
+
+def _shutdown(group: Any) -> None:
+    shutdown = getattr(group, "shutdown", None)
+    if callable(shutdown):
+        try:
+            shutdown()
+        except Exception:  # teardown only
+            logger.debug("process group shutdown failed", exc_info=True)
+
+
+class CollectiveSender:
+    """Rank 0 of one version's group: opens the rendezvous store, waits for the replicas, broadcasts the buckets.
+
+    ``payloads`` are the raw bytes of the manifest's tensors (the publisher's snapshot, kept alive by this object
+    until the push ends). ``start()`` runs the push in a background thread; ``done`` is set when it ends, with
+    ``error`` (a string) on failure and ``world_size`` the group's size (1: nobody joined, nothing sent).
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        payloads: tuple[memoryview, ...],
+        *,
+        expected_replicas: int,
+        host: str = "0.0.0.0",
+        backend: str = "gloo",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        join_timeout_s: float = JOIN_TIMEOUT_S,
+        timeout_s: float = 300.0,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"collective backend must be one of {BACKENDS}, got {backend!r}")
+        if expected_replicas < 1:
+            raise ValueError(f"expected_replicas must be >= 1, got {expected_replicas}")
+        if not (join_timeout_s > 0 and timeout_s > 0):
+            raise ValueError("join_timeout_s and timeout_s must be positive")
+        self.manifest = manifest
+        self.backend = backend
+        self.bucket_bytes = bucket_bytes
+        self.join_timeout_s = join_timeout_s
+        self.timeout_s = timeout_s
+        self.expected_replicas = expected_replicas
+        self.group = f"v{manifest.version}-{token_hex(4)}"
+        self.buckets = plan_buckets([t.nbytes for t in manifest.tensors], bucket_bytes)
+        self._payloads = payloads
+        self._budget_s = transfer_timeout_s(timeout_s, manifest.total_bytes)
+        self._store = _store(host, 0, master=True, timeout_s=self._budget_s)
+        self.port = int(self._store.port)
+        self.closed = threading.Event()  # no claim is a member from now on
+        self.done = threading.Event()
+        self.error = ""
+        self.world_size = 0
+        self.send_s = 0.0
+        self._thread = threading.Thread(target=self._run, name=f"fleetrl-collective-{self.group}", daemon=True)
+
+    def offer(self, host: str) -> GroupOffer:
+        """The offer a replica that reached the trainer at `host` gets."""
+        return GroupOffer(
+            host=host,
+            port=self.port,
+            group=self.group,
+            backend=self.backend,
+            bucket_bytes=self.bucket_bytes,
+            join_timeout_s=self.join_timeout_s,
+            timeout_s=self.timeout_s,
+            manifest=self.manifest,
+        )
+
+    def start(self) -> CollectiveSender:
+        self._thread.start()
+        return self
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        store = dist.PrefixStore(f"{self.group}/", self._store)
+        try:
+            deadline = time.monotonic() + self.join_timeout_s
+            while store.add(_REPLICAS_KEY, 0) < self.expected_replicas and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+            self.world_size = world_size_at_close(store.add(_RANKS_KEY, CLOSED))
+            self.closed.set()
+            store.set(_WORLD_KEY, str(self.world_size))
+            if self.world_size == 1:
+                logger.info("collective push of version %d: no replica joined", self.manifest.version)
+                return
+            start = time.perf_counter()
+            group = _process_group(store, 0, self.world_size, self.backend, self._budget_s)
+            try:
+                self._send(group)
+            finally:
+                _shutdown(group)
+            self.send_s = time.perf_counter() - start
+            logger.info(
+                "collective push of version %d: %d bytes to %d ranks in %.3f s",
+                self.manifest.version,
+                self.manifest.total_bytes,
+                self.world_size - 1,
+                self.send_s,
+            )
+        except Exception as exc:  # the receivers time out and fall back to ZeroMQ; report it here
+            logger.warning("collective push of version %d failed: %r", self.manifest.version, exc)
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self._payloads = ()  # the snapshot may go once the publisher drops it
+            self.closed.set()
+            self.done.set()
+
+    def _send(self, group: Any) -> None:
+        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
+        sources = [torch.frombuffer(p, dtype=torch.uint8) if len(p) else None for p in self._payloads]
+        largest = max((b.nbytes for b in self.buckets), default=0)
+        staging = torch.empty(largest, dtype=torch.uint8, pin_memory=device is not None)
+        for bucket in self.buckets:
+            buffer = staging[: bucket.nbytes]
+            for piece in bucket.pieces:
+                source = sources[piece.tensor_index]
+                assert source is not None
+                buffer[piece.offset : piece.offset + piece.stop - piece.start].copy_(source[piece.start : piece.stop])
+            if device is not None:
+                buffer = buffer.to(device, non_blocking=True)
+            _broadcast(group, buffer, self._budget_s)
+
+
+def request_group(
+    address: str,
+    version: int,
+    *,
+    replicas: int,
+    auth_token: str | None = None,
+    timeout_s: float = 30.0,
+) -> GroupOffer:
+    """Ask the weight stream at `address` for the group of `version` (opening it, expecting `replicas` replicas);
+    WeightTransferError when it refuses (a relay, an unknown version) or does not answer within `timeout_s`."""
+    context = zmq.Context.instance()
+    socket = context.socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    try:
+        socket.connect(address)
+        request = json.dumps({"version": version, "replicas": replicas, "timeout_s": timeout_s}).encode()
+        socket.send_multipart([PROTOCOL, b"collective", (auth_token or "").encode(), request])
+        if not socket.poll(int(timeout_s * 1000)):
+            raise WeightTransferError(
+                f"the weight stream at {address} did not offer a group for version {version} within {timeout_s:g} s",
+                reason="timeout",
+            )
+        frames = socket.recv_multipart()
+    finally:
+        socket.close(linger=0)
+    if frames[0] == b"error" and len(frames) == 2:
+        reason, message = parse_error(frames[1])
+        message = f"the weight stream at {address} refused the collective push: {message}"
+        raise WeightTransferError(message, reason=reason)
+    if frames[0] != b"collective" or len(frames) != 3:
+        raise WeightTransferError(f"unexpected reply to a collective request from {address}", reason="protocol")
+    try:
+        manifest = decode_manifest(frames[2])
+        offer = GroupOffer.from_json({**json.loads(frames[1]), "host": _host_of(address)}, manifest)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise WeightTransferError(f"bad collective offer from {address}: {exc}", reason="protocol") from exc
+    if manifest.version != version:
+        raise WeightTransferError(f"asked for version {version}, offered {manifest.version}", reason="protocol")
+    return offer
+
+
+def encode_offer(sender: CollectiveSender) -> tuple[bytes, bytes]:
+    """The weight stream's reply frames for `sender`'s group (the host is the one the replica dialled)."""
+    fields = sender.offer("").to_json()
+    del fields["host"]
+    return json.dumps(fields).encode(), encode_manifest(sender.manifest)
+
+
+def _host_of(address: str) -> str:
+    """The host of a ``tcp://host:port`` address ("[::1]" loses its brackets)."""
+    rest = address.split("://", 1)[-1]
+    host = rest.rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+def join_group(offer: GroupOffer, ranks: int) -> Membership | None:
+    """Claim `ranks` ranks in `offer`'s group and wait for it to close; None when it had closed already (load the
+    version over ZeroMQ). WeightTransferError when the store cannot be reached or the group never closes."""
+    wait_s = offer.join_timeout_s + offer.timeout_s
+    try:
+        store = dist.PrefixStore(f"{offer.group}/", _store(offer.host, offer.port, master=False, timeout_s=wait_s))
+        offset = claimed_rank_offset(store.add(_RANKS_KEY, ranks), ranks)
+        if offset is None:
+            return None
+        store.add(_REPLICAS_KEY, 1)
+        world_size = int(store.get(_WORLD_KEY))
+    except (RuntimeError, ValueError, dist.DistStoreError) as exc:
+        raise WeightTransferError(
+            f"could not join the group of version {offer.manifest.version} at {offer.host}:{offer.port}: {exc}",
+            reason="collective",
+        ) from exc
+    return Membership(offset, world_size)
+
+
+def receive_into(
+    offer: GroupOffer,
+    rank: int,
+    world_size: int,
+    flat: torch.Tensor,
+    *,
+    skip: frozenset[str] = frozenset(),
+    verify: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Build the group as `rank` of `world_size`, receive every bucket into `flat` (a uint8 CPU buffer of
+    ``flat_layout`` of the manifest's sizes) and return the manifest's tensors as views of it, each checked
+    against its checksum when `verify` (names in `skip` are received but not returned)."""
+    manifest = offer.manifest
+    offsets, size = flat_layout([t.nbytes for t in manifest.tensors])
+    if flat.numel() < size or flat.dtype != torch.uint8:
+        raise ValueError(f"the receive buffer holds {flat.numel()} bytes, the version needs {size} (uint8)")
+    budget_s = transfer_timeout_s(offer.timeout_s, manifest.total_bytes)
+    device = torch.device("cuda", torch.cuda.current_device()) if offer.backend == "nccl" else None
+    try:
+        store = dist.PrefixStore(f"{offer.group}/", _store(offer.host, offer.port, master=False, timeout_s=budget_s))
+        group = _process_group(store, rank, world_size, offer.backend, budget_s)
+        try:
+            for bucket in plan_buckets([t.nbytes for t in manifest.tensors], offer.bucket_bytes):
+                _receive_bucket(group, bucket, offsets, flat, device, budget_s)
+        finally:
+            _shutdown(group)
+    except (RuntimeError, ValueError, dist.DistError) as exc:
+        raise WeightTransferError(
+            f"the collective push of version {manifest.version} failed at rank {rank}: {exc}", reason="collective"
+        ) from exc
+    tensors: dict[str, torch.Tensor] = {}
+    for spec, offset in zip(manifest.tensors, offsets, strict=True):
+        raw = flat[offset : offset + spec.nbytes]
+        if verify and checksum_bytes(memoryview(raw.numpy())) != spec.checksum:
+            raise WeightTransferError(
+                f"tensor {spec.name!r} of version {manifest.version} failed its checksum after the collective push",
+                reason="checksum",
+            )
+        if spec.name not in skip:
+            tensors[spec.name] = raw.view(spec.torch_dtype).view(spec.shape)
+    return tensors
+
+
+def _receive_bucket(
+    group: Any,
+    bucket: Bucket,
+    offsets: tuple[int, ...],
+    flat: torch.Tensor,
+    device: torch.device | None,
+    budget_s: float,
+) -> None:
+    """One bucket: straight into `flat` when its pieces lie there as in the bucket (the usual case: both layouts
+    align each tensor to 64 bytes in the same order), else through a scratch buffer."""
+    shifts = {offsets[p.tensor_index] + p.start - p.offset for p in bucket.pieces}
+    direct = len(shifts) == 1 and device is None
+    if direct:
+        base = shifts.pop()
+        if base >= 0 and base + bucket.nbytes <= flat.numel():
+            _broadcast(group, flat[base : base + bucket.nbytes], budget_s)
+            return
+    scratch = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+    _broadcast(group, scratch, budget_s)
+    scratch = scratch.cpu()
+    for piece in bucket.pieces:
+        start, length = offsets[piece.tensor_index] + piece.start, piece.stop - piece.start
+        flat[start : start + length].copy_(scratch[piece.offset : piece.offset + length])
+
+
+def receive_state_dict(
+    offer: GroupOffer, membership: Membership, *, skip: frozenset[str] = frozenset(), verify: bool = True
+) -> dict[str, torch.Tensor]:
+    """Receive `offer`'s version as one rank (the replica's first) into a fresh buffer: the hf engine's path."""
+    _, size = flat_layout([t.nbytes for t in offer.manifest.tensors])
+    flat = torch.empty(size, dtype=torch.uint8)
+    return receive_into(offer, membership.rank_offset, membership.world_size, flat, skip=skip, verify=verify)

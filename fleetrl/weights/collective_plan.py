@@ -1,0 +1,123 @@
+"""The pure part of the collective weight transport: who joins a push's group with which ranks, and the buckets.
+
+``weight_transport = "collective"`` (docs/inference.md, "The weight path") moves a version by broadcasting it from the
+trainer (rank 0) to every receiving worker of the replicas in one ``torch.distributed`` group per push
+(``fleetrl.weights.collective`` is the transport). Nothing here imports torch or a socket.
+
+**Membership.** A group is opened per version when the first replica asks for it; replicas join as they come, each
+claiming a range of ranks (one per receiving worker) with one atomic ``add`` on the rendezvous store's rank counter.
+The trainer closes the group when the replicas it expects have joined or the join window ends, by adding
+``CLOSED`` to that counter: the value it gets back says how many ranks were claimed before the close (the world
+size), and any claim after the close gets a value past ``CLOSED`` back, so that replica knows at once it is not a
+member and loads the version over ZeroMQ instead. No rank is ever handed out twice and nobody waits for a replica
+that never came.
+
+**Buckets.** The version's tensors (the manifest's order) are packed into buckets of at most ``bucket_bytes``,
+each tensor at an aligned offset; a tensor bigger than a bucket is split over several. Sender and receivers compute
+the same layout from the manifest, so only the bytes cross the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "CLOSED",
+    "DEFAULT_BUCKET_BYTES",
+    "WEIGHT_TRANSPORTS",
+    "Bucket",
+    "Piece",
+    "claimed_rank_offset",
+    "flat_layout",
+    "plan_buckets",
+    "world_size_at_close",
+]
+
+WEIGHT_TRANSPORTS = ("zmq", "collective")
+DEFAULT_BUCKET_BYTES = 256 << 20
+CLOSED = 1 << 40  # added to the rank counter to close a group; far above any number of ranks
+_ALIGN = 64
+
+
+def claimed_rank_offset(counter_after_claim: int, ranks: int) -> int | None:
+    """The first rank of a replica whose claim of `ranks` ranks returned `counter_after_claim` (the store's ``add``),
+    or None when the group had closed before the claim (the replica is not a member). Rank 0 is the trainer."""
+    if ranks < 1:
+        raise ValueError(f"a replica claims at least one rank, got {ranks}")
+    if counter_after_claim >= CLOSED:
+        return None
+    if counter_after_claim < ranks:
+        raise ValueError(f"rank counter {counter_after_claim} is below the claim of {ranks}: not this group's counter")
+    return 1 + counter_after_claim - ranks
+
+
+def world_size_at_close(counter_after_close: int) -> int:
+    """The group's world size (the trainer and every claimed rank) from the value the closing ``add`` returned."""
+    claimed = counter_after_close - CLOSED
+    if claimed < 0:
+        raise ValueError(f"rank counter {counter_after_close} was not closed with CLOSED")
+    if claimed >= CLOSED:
+        raise ValueError("the group was closed twice")
+    return 1 + claimed
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes [start, stop) of tensor `tensor_index`, at `offset` in its bucket."""
+
+    tensor_index: int
+    start: int
+    stop: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One broadcast: `nbytes` bytes holding `pieces`."""
+
+    nbytes: int
+    pieces: tuple[Piece, ...]
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[Bucket, ...]:
+    """Pack tensors of `sizes` bytes (in order) into buckets of at most `bucket_bytes`, each piece 64-byte aligned
+    in its bucket; a tensor that does not fit in the room left goes to the next bucket, split over whole buckets
+    when it is bigger than one. Empty tensors take no piece."""
+    if bucket_bytes < _ALIGN or bucket_bytes % _ALIGN:
+        raise ValueError(f"bucket_bytes must be a positive multiple of {_ALIGN}, got {bucket_bytes}")
+    buckets: list[Bucket] = []
+    pieces: list[Piece] = []
+    used = 0
+
+    def flush() -> None:
+        nonlocal pieces, used
+        if pieces:
+            buckets.append(Bucket(used, tuple(pieces)))
+        pieces, used = [], 0
+
+    for index, size in enumerate(sizes):
+        if size < 0:
+            raise ValueError(f"tensor {index} has a negative size {size}")
+        start = 0
+        while start < size:
+            offset = -(-used // _ALIGN) * _ALIGN
+            room = bucket_bytes - offset
+            if room <= 0 or (room < size - start and offset > 0):  # start it in a fresh bucket rather than split
+                flush()
+                continue
+            stop = min(size, start + room)
+            pieces.append(Piece(index, start, stop, offset))
+            used = offset + (stop - start)
+            start = stop
+    flush()
+    return tuple(buckets)
+
+
+def flat_layout(sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """Offsets of tensors of `sizes` bytes in one flat receive buffer (64-byte aligned), and its size."""
+    offsets, size = [], 0
+    for nbytes in sizes:
+        offsets.append(size)
+        size += -(-nbytes // _ALIGN) * _ALIGN
+    return tuple(offsets), size
