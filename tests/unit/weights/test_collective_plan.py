@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from fleetrl.weights.collective_plan import (
@@ -65,7 +67,7 @@ def test_buckets_cover_every_byte_once_within_the_bound() -> None:
         assert max(ends) == bucket.nbytes
         assert all(p.offset % 64 == 0 for p in bucket.pieces)
         spans = sorted((p.offset, p.offset + p.stop - p.start) for p in bucket.pieces)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # no overlap
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))  # no overlap
     ranges = _covered(buckets, sizes)
     for index, size in enumerate(sizes):
         covered = sorted(ranges.get(index, []))
@@ -73,7 +75,7 @@ def test_buckets_cover_every_byte_once_within_the_bound() -> None:
             assert covered == []
             continue
         assert covered[0][0] == 0 and covered[-1][1] == size
-        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:], strict=False))
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))
 
 
 def test_a_tensor_that_does_not_fit_starts_a_new_bucket_rather_than_split() -> None:
