@@ -83,25 +83,31 @@ class StatusResponse(_message.Message):
     def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., loaded_version: _Optional[int] = ..., loaded_checksum: _Optional[str] = ..., queue_depth: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., requests: _Optional[int] = ..., relay_address: _Optional[str] = ..., relay_version: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
-    __slots__ = ("version", "source", "timeout_s", "relay")
+    __slots__ = ("version", "source", "timeout_s", "relay", "transport", "group_replicas")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     version: int
     source: str
     timeout_s: float
     relay: bool
-    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., timeout_s: _Optional[float] = ..., relay: _Optional[bool] = ...) -> None: ...
+    transport: str
+    group_replicas: int
+    def __init__(self, version: _Optional[int] = ..., source: _Optional[str] = ..., timeout_s: _Optional[float] = ..., relay: _Optional[bool] = ..., transport: _Optional[str] = ..., group_replicas: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsResponse(_message.Message):
-    __slots__ = ("version", "checksum", "transfer_s", "pause_s")
+    __slots__ = ("version", "checksum", "transfer_s", "pause_s", "transport")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     PAUSE_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     version: int
     checksum: str
     transfer_s: float
     pause_s: float
-    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ...) -> None: ...
+    transport: str
+    def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
