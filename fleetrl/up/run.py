@@ -37,7 +37,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from fleetrl.config import Config, ConfigError, check_warm_start_adapter
+from fleetrl.config import Config, ConfigError, check_warm_start_adapter, wants_reference_logprobs
 from fleetrl.exit_codes import EXIT_CIRCUIT_OPEN, EXIT_CONTROLLER_LOST, EXIT_USER_CODE
 from fleetrl.model_path import ModelNotFoundError, adapter_instead_of_model, check_model_path
 from fleetrl.trackers import TrackerError, check_trackers_available
@@ -319,8 +319,31 @@ def gpu_serving_dtype(run: Config, up: UpConfig) -> str | None:
 
 
 def needs_reference(run: Config) -> bool:
-    """A KL reference is needed for kl_beta > 0 with full fine-tuning; a LoRA trainer disables its adapter instead."""
-    return run.kl_beta > 0 and not run.lora
+    """A reference is needed for kl_beta > 0 or a distillation teacher (teacher_model), with full fine-tuning; a LoRA
+    trainer disables its adapter instead."""
+    return wants_reference_logprobs(run) and not run.lora
+
+
+def reference_model_args(run: Config) -> list[str]:
+    """The model a reference service holds: the teacher (with the run's tokenizer to check it against at start) when
+    teacher_model is set, else the base model."""
+    if run.teacher_model is None:
+        return ["--model", run.base_model]
+    return ["--model", run.teacher_model, "--student-model", run.tokenizer_model or run.base_model]
+
+
+def check_teacher_model(run: Config) -> None:
+    """A teacher_model that is no model, or whose tokenizer reads ids otherwise than the run's, fails here (before
+    any service starts), naming the field and both models."""
+    if run.teacher_model is None:
+        return
+    check_model_path(run.teacher_model, "run.teacher_model")
+    from fleetrl.tokenizer_match import check_same_tokenizer
+
+    try:
+        check_same_tokenizer(run.tokenizer_model or run.base_model, run.teacher_model, field="teacher_model")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(str(exc) if str(exc).startswith("teacher_model") else f"run.teacher_model: {exc}") from None
 
 
 def reference_service(run: Config, up: UpConfig) -> bool:
@@ -396,7 +419,7 @@ def _start_stack(
         replicas.append(sup.start(f"inference-{i}", "inference", [*args, *up.inference_args], env=env))
     reference_args: list[str] = []
     if reference_service(run, up):
-        ref_args = [*model, *_pick_ports("grpc", "metrics"), *reference_service_args(run, up)]
+        ref_args = [*reference_model_args(run), *_pick_ports("grpc", "metrics"), *reference_service_args(run, up)]
         reference = sup.start("reference", "reference", ref_args, env={**share("reference"), **up.reference_env()})
         reference_args = ["--reference", _address(wait(reference))]
     elif needs_reference(run):  # a frozen copy in the trainer's ranks, on its device and compute dtype
@@ -638,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"run.base_model: {adapter}")
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
             check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
+            check_teacher_model(run)  # the teacher's tokenizer against the run's, before anything starts
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")

@@ -17,7 +17,14 @@ class ReferenceConfig(BaseModel):
     # allow_inf_nan=False: temperature = inf (or any non-finite float) fails at start, naming the field.
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
-    model: str = Field(..., description="HF causal LM (path or hub id): the base policy, frozen.")
+    model: str = Field(
+        ..., description="HF causal LM (path or hub id): the base policy, frozen, or a distillation teacher."
+    )
+    student_model: str | None = Field(
+        None,
+        description="The run's model (or tokenizer) when `model` is a distillation teacher: its tokenizer must read "
+        "ids as the teacher's does, checked at start (fleetrl.tokenizer_match); None = no check.",
+    )
     host: str = Field("127.0.0.1", description="Address the endpoints bind to (loopback default).")
     grpc_port: int = Field(50061, ge=0, le=65535, description="gRPC port (0 = pick).")
     metrics_port: int | None = Field(9402, ge=0, le=65535, description="/metrics port (0 = pick, None = off).")

@@ -1,9 +1,10 @@
 """Launcher of the reference trainer (forward-only, frozen base policy):
 
-    fleetrl serve reference --model PATH [--grpc-port 50061] [--metrics-port 9402] [--host 127.0.0.1]
-        [--dtype float32|bfloat16] [--device cpu] [--max-batch-tokens N] [--ready-file PATH]
+    fleetrl serve reference --model PATH [--student-model PATH] [--grpc-port 50061] [--metrics-port 9402]
+        [--host 127.0.0.1] [--dtype float32|bfloat16] [--device cpu] [--max-batch-tokens N] [--ready-file PATH]
 
-Not started at all when kl_beta = 0. Heavy modules are imported after parsing, so --help is fast.
+Not started at all when kl_beta = 0 and no teacher_model is set. Heavy modules are imported after parsing, so
+--help is fast.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleetrl serve reference",
         description="Serve reference-policy logprobs over gRPC (fleetrl.v1.Reference/ComputeLogprobs).",
     )
-    parser.add_argument("--model", required=True, help="HF causal LM path (the base policy)")
+    parser.add_argument("--model", required=True, help="HF causal LM path (the base policy, or a teacher)")
+    parser.add_argument(
+        "--student-model", help="with a distillation teacher as --model: the run's model, whose tokenizer must match"
+    )
     parser.add_argument("--host", help="bind address (default 127.0.0.1)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50061, 0 = pick)")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port (default 9402, 0 = pick)")
@@ -41,6 +45,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     values = drop_unset(
         {
             "model": args.model,
+            "student_model": args.student_model,
             "host": args.host,
             "grpc_port": args.grpc_port,
             "metrics_port": args.metrics_port,

@@ -80,6 +80,10 @@ def create_server(config: ReferenceConfig) -> ReferenceService:
     from fleetrl.trainer.model import load_causal_lm, pad_token_id, sequence_logprobs
     from fleetrl.trainer.varlen_attention import use_packed_attention
 
+    if config.student_model is not None:  # a distillation teacher scores the student's token ids: same tokenizer
+        from fleetrl.tokenizer_match import check_same_tokenizer
+
+        check_same_tokenizer(config.student_model, config.model, field="teacher_model")
     model = load_causal_lm(config.model, dtype=config.dtype, device=config.device, trainable=False)
     pad_id = pad_token_id(model)
     device = next(model.parameters()).device
