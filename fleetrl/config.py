@@ -203,6 +203,12 @@ class Config(BaseModel):
         description="How a version reaches the replicas: 'direct' (each fetches from the trainer), 'chain' (the "
         "trainer sends one copy, each replica relays it to the next) or 'tree' (relayed, each to two).",
     )
+    weight_transport: Literal["zmq", "collective"] = Field(
+        "zmq",
+        description="How a pushed version's bytes move: 'zmq' (each replica fetches over the weight stream) or "
+        "'collective' (the trainer broadcasts it to the replicas in one torch.distributed group per push; gloo on "
+        "CPU; a replica that cannot join fetches it over ZeroMQ). Needs weight_fanout 'direct'.",
+    )
 
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")
@@ -313,6 +319,11 @@ class Config(BaseModel):
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
         g = self.completions_per_prompt
+        if self.weight_transport == "collective" and self.weight_fanout != "direct":
+            raise ValueError(
+                f"weight_transport 'collective' needs weight_fanout 'direct' (got {self.weight_fanout!r}): the "
+                "trainer broadcasts to every replica itself, relays do not take part"
+            )
         if g < 2:
             raise ValueError(f"completions_per_prompt must be >= 2 for group advantages, got {g}")
         if self.max_head_offpolicy_versions < 0:
