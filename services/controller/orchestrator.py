@@ -518,11 +518,13 @@ class Orchestrator:
         t0 = self.clock()
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
         push = self.fleet.start_push(version, source, self.clock())
+        # weight_transport "collective": the trainer broadcasts to all of them in one group (fleetrl.weights.collective)
+        group_replicas = len(push.loads) if self.run_cfg.weight_transport == "collective" else 0
 
         async def load_one(load: Load) -> None:
             member = load.member
             try:
-                reply, src = await self._load_weights(member, version, load.plan)
+                reply, src = await self._load_weights(member, version, load.plan, group_replicas)
             except grpc.aio.AioRpcError as exc:
                 self.fleet.load_failed(load, exc.code().name, exc.details() or "", self.clock(), push)
                 return
@@ -562,17 +564,22 @@ class Orchestrator:
             raise RunFailed(failure)
         return self.clock() - t0
 
-    async def _load_weights(self, member: Member, version: int, plan: PushSource) -> tuple[Any, str]:
+    async def _load_weights(
+        self, member: Member, version: int, plan: PushSource, group_replicas: int = 0
+    ) -> tuple[Any, str]:
         """LoadWeights(version) from `plan`'s source; a relayed load from a peer that the replica answered with a
         failure (its upstream died, stalled or does not hold the version) is tried once more from the trainer
-        directly, so a failure in a chain never wedges a push. Returns the reply and the source it loaded from;
-        raises the last AioRpcError."""
+        directly, so a failure in a chain never wedges a push. `group_replicas` > 0: a collective push to that many
+        replicas (a replica that cannot join falls back to the stream itself; catch-ups stay on the stream).
+        Returns the reply and the source it loaded from; raises the last AioRpcError."""
         stub = inference_pb2_grpc.InferenceStub(self._channel(member.address))
 
         async def load(source: str) -> Any:
             request = inference_pb2.LoadWeightsRequest(
                 version=version, source=source, timeout_s=self.weight_push_timeout_s, relay=plan.relay
             )
+            if group_replicas > 0 and not plan.relay:
+                request.transport, request.group_replicas = "collective", group_replicas
             return await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
 
         source = plan.source
