@@ -30,8 +30,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from fleetrl.seq_len import resolve_max_seq_len
 
 if TYPE_CHECKING:
+    from fleetrl.agent_session import AgentSession
     from fleetrl.config import Config
     from fleetrl.sampler import SamplerLike
+
+
+SESSION_MODEL_NAME = "policy"
+"""The model name agent sessions serve (what an OpenAI-SDK agent passes as `model`)."""
 
 
 class InvalidSampleError(ValueError):
@@ -207,6 +212,11 @@ class RolloutSetup:
         completions_per_prompt: G, the group size.
         extras: free-form values from the config (`rollout_extras`).
         max_seq_len: the longest trajectory the trainer takes; longer samples are dropped and counted.
+        model: the model name an OpenAI-SDK agent passes (the cookbook's `model`).
+        tokenizer_id: the run's tokenizer path or hub id (the cookbook's `tokenizer_id`).
+        inference_base_url, api_key: the gateway's OpenAI endpoint and its key (the cookbook's fields), set once
+            the session server runs (after the first `open_session()`); calls there are served, not recorded.
+        sessions: the agent session server (fleetrl.gateway.session_server), filled by the gateway.
     """
 
     tokenizer: Any = None
@@ -215,18 +225,51 @@ class RolloutSetup:
     completions_per_prompt: int = 2
     extras: dict[str, Any] = field(default_factory=dict)
     max_seq_len: int | None = None
+    model: str = "policy"
+    tokenizer_id: str = ""
+    inference_base_url: str | None = None
+    api_key: str | None = None
+    sessions: Any = None
+
+    async def open_session(self) -> AgentSession:
+        """A per-sample OpenAI endpoint that records every model call (fleetrl.agent_session): hand
+        `session.base_url`, `session.api_key` and `session.model` to an OpenAI-SDK agent, then return
+        `session.to_rollout_run(reward=...)`."""
+        if self.sessions is None:
+            raise RuntimeError(
+                "open_session: this RolloutSetup has no session server; it is filled by the rollout gateway and "
+                "fleetrl eval (RolloutSetup.for_run)"
+            )
+        session = await self.sessions.open()
+        self.inference_base_url, self.api_key = self.sessions.base_url, self.sessions.api_key
+        return session
 
     @classmethod
     def for_run(cls, run: Config, tokenizer: Any, sampler: SamplerLike) -> RolloutSetup:
         """The setup every gateway (and `fleetrl eval`) hands the rollout factory: the run's settings around
         `tokenizer` and `sampler`."""
+        from fleetrl.gateway.session_server import SessionServer
+
+        max_seq_len = resolve_max_seq_len(run)
+        tokenizer_id = str(run.tokenizer_model or run.base_model)
+        sessions = SessionServer(
+            sampler,
+            tokenizer,
+            model=SESSION_MODEL_NAME,
+            tokenizer_id=tokenizer_id,
+            sample_kwargs=dict(run.sample_kwargs),
+            max_seq_len=max_seq_len,
+        )
         return cls(
             tokenizer=tokenizer,
             sampler=sampler,
             sample_kwargs=dict(run.sample_kwargs),
             completions_per_prompt=run.completions_per_prompt,
             extras=dict(run.rollout_extras),
-            max_seq_len=resolve_max_seq_len(run),
+            max_seq_len=max_seq_len,
+            model=SESSION_MODEL_NAME,
+            tokenizer_id=tokenizer_id,
+            sessions=sessions,
         )
 
 

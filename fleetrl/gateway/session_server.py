@@ -1,0 +1,214 @@
+"""The agent session server: an OpenAI chat-completions endpoint per rollout sample, served by each gateway (and by
+`fleetrl eval`), recording every model call for training (fleetrl.agent_session).
+
+    sessions = SessionServer(sampler, tokenizer, model="policy", sample_kwargs=..., max_seq_len=...)
+    session = await sessions.open()      # starts the server on first use; session.base_url = .../sessions/<id>/v1
+    ... an agent calls POST {session.base_url}/chat/completions with the openai client ...
+    run = session.to_rollout_run(reward=r)
+    await sessions.close()
+
+Each call renders the chat template over the request's messages and tools (fleetrl.openai_chat), samples through the
+gateway's `Sampler` with the session id as its affinity key (so the session keeps to one replica, for its prefix
+cache, while that replica is routable, and moves only when it is fenced or fails the call: the sampler's `user=`),
+records the prompt ids, the generated ids verbatim, their logprobs and versions, and answers in the OpenAI format
+(tool calls parsed from the hermes format, `stream=True` as server-sent events). The agent and the session server
+live in the gateway's process, so the endpoint is on the gateway's loopback: nothing else needs to reach it, and
+under `fleetrl up`, compose or the chart the gateway reaches the replicas over gRPC as for every other rollout.
+
+Sampling: the run's settings (`sample_kwargs`: temperature, top_p, top_k) always apply, because the trainer's
+importance ratios assume the run's sampling distribution; a request's own temperature/top_p/top_k are overridden
+(logged once). `max_tokens` / `max_completion_tokens` are honoured up to the run's `max_tokens`, and capped so
+prompt + completion fit `max_seq_len`. `stop` strings, `tools`, `tool_choice` ("none" keeps tool calls as text),
+`logprobs`, `stream` and `stream_options.include_usage` are honoured; `n` must be 1.
+
+The routes (bearer token = the session's api_key): POST /sessions/{id}/v1/chat/completions,
+GET /sessions/{id}/v1/models, and POST /v1/chat/completions, GET /v1/models (`RolloutSetup.inference_base_url`:
+served the same way, recorded nowhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import secrets
+import socket
+import time
+import uuid
+from typing import Any
+
+from fleetrl.agent_session import AgentSession, SessionTurn
+from fleetrl.openai_chat import (
+    ChatRequestError,
+    assistant_message,
+    chat_completion_body,
+    chat_stop_ids,
+    render_chat_prompt,
+    stop_text_cut,
+    token_logprobs,
+)
+
+log = logging.getLogger(__name__)
+_START_TIMEOUT_S = 30.0
+_RUN_SETTINGS = ("temperature", "top_p", "top_k")
+
+
+class SessionServer:
+    """Per-sample OpenAI endpoints over a `Sampler` (see the module docstring)."""
+
+    def __init__(
+        self,
+        sampler: Any,
+        tokenizer: Any,
+        *,
+        model: str = "policy",
+        tokenizer_id: str = "",
+        sample_kwargs: dict[str, Any] | None = None,
+        max_seq_len: int | None = None,
+        host: str = "127.0.0.1",
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.model = model
+        self.tokenizer_id = tokenizer_id
+        self.sample_kwargs = dict(sample_kwargs or {})
+        self.max_seq_len = max_seq_len
+        self.host = host
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
+        self.api_key = f"fleetrl-session-{secrets.token_hex(16)}"
+        self.sessions: dict[str, AgentSession] = {}
+        self.port: int | None = None
+        self._server: Any = None
+        self._task: asyncio.Task[Any] | None = None
+        self._starting = asyncio.Lock()
+        self._stop_ids: tuple[int, ...] | None = None  # the tokenizer's end-of-turn ids, read at the first call
+        self._warned_override = False
+
+    @property
+    def base_url(self) -> str:
+        """The server's own OpenAI base URL (calls there are served, not recorded); needs the server started."""
+        if self.port is None:
+            raise RuntimeError("the session server is not started: await open() or start() first")
+        return f"http://{self._url_host()}:{self.port}/v1"
+
+    def _url_host(self) -> str:
+        return f"[{self.host}]" if ":" in self.host else self.host
+
+    async def open(self) -> AgentSession:
+        """A new session (the server started on first use). It runs its calls in the caller's context, so calls
+        made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed)."""
+        await self.start()
+        session_id = uuid.uuid4().hex
+        session = AgentSession(
+            session_id=session_id,
+            base_url=f"http://{self._url_host()}:{self.port}/sessions/{session_id}/v1",
+            api_key=self.api_key,
+            model=self.model,
+            tokenizer_id=self.tokenizer_id,
+            context=contextvars.copy_context(),
+        )
+        self.sessions[session_id] = session
+        return session
+
+    def forget(self, session: AgentSession) -> None:
+        """Drop a finished session's record (its endpoint then answers 404)."""
+        self.sessions.pop(session.session_id, None)
+
+    async def start(self) -> None:
+        """Bind and serve (idempotent)."""
+        async with self._starting:
+            if self._task is not None:
+                return
+            import uvicorn
+
+            class _Server(uvicorn.Server):
+                def capture_signals(self):  # the service owns SIGINT/SIGTERM, not uvicorn
+                    return contextlib.nullcontext()
+
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sock.bind((self.host, 0))
+            self.port = int(sock.getsockname()[1])
+            config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+            self._server = _Server(config)
+            self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-session-server")
+            deadline = time.monotonic() + _START_TIMEOUT_S
+            while not self._server.started:
+                if self._task.done():
+                    self._task.result()
+                    raise RuntimeError("the agent session server stopped during startup")
+                if time.monotonic() > deadline:
+                    self._task.cancel()
+                    raise TimeoutError(f"the agent session server did not start within {_START_TIMEOUT_S:.0f} s")
+                await asyncio.sleep(0.01)
+            log.info("agent session server on %s:%d", self.host, self.port)
+
+    async def close(self, timeout_s: float = 5.0) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(self._task, timeout_s)
+        except TimeoutError:
+            self._task.cancel()
+        self._task = None
+
+    def app(self) -> Any:
+        """The FastAPI app of the routes (fleetrl.gateway.session_app)."""
+        from fleetrl.gateway.session_app import build_session_app
+
+        return build_session_app(self)
+
+    # --- one call ------------------------------------------------------------------------------------------------
+    def sampling_args(self, body: dict[str, Any], prompt_len: int) -> dict[str, Any]:
+        """The sampler arguments of a request: the run's settings, the request's length and stops."""
+        n = body.get("n", 1)
+        if n not in (None, 1):
+            raise ChatRequestError(f"n: a session call samples one completion, got {n}")
+        if body.get("model") not in (None, self.model):
+            raise ChatRequestError(f"model: unknown model {body.get('model')!r}; serving {self.model!r}")
+        overridden = [k for k in _RUN_SETTINGS if body.get(k) is not None and body[k] != self.sample_kwargs.get(k)]
+        if overridden and not self._warned_override:
+            self._warned_override = True
+            log.warning("agent session: the run's sampling settings replace the request's %s", overridden)
+        args = {k: self.sample_kwargs[k] for k in _RUN_SETTINGS if k in self.sample_kwargs}
+        run_max = int(self.sample_kwargs.get("max_tokens", 64))
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        args["max_tokens"] = min(int(asked), run_max) if asked else run_max
+        if self.max_seq_len is not None:
+            args["max_seq_len"] = self.max_seq_len
+        stops = body.get("stop")
+        if stops:
+            args["stop"] = stops
+        if self._stop_ids is None:
+            self._stop_ids = chat_stop_ids(self.tokenizer)
+        args["stop_token_ids"] = tuple(body.get("stop_token_ids") or ()) + self._stop_ids
+        return args
+
+    async def chat(self, body: dict[str, Any], session: AgentSession | None) -> dict[str, Any]:
+        """A chat.completion body for `body`, the call recorded in `session`."""
+        tools = body.get("tools") or None
+        kwargs = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
+        prompt = render_chat_prompt(self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs)
+        args = self.sampling_args(body, len(prompt))
+        if session is not None:
+            args["user"] = session.session_id
+        (c,) = await self.sampler.sample_with_prompt_tokens(prompt, n=1, **args)
+        generated = list(c.completion_tokens)
+        if session is not None:
+            turn = SessionTurn(prompt, generated, list(c.inference_logprobs), list(c.versions), c.finish_reason)
+            session.record(turn)
+        text = stop_text_cut(self.tokenizer.decode(generated, skip_special_tokens=True), body.get("stop"))
+        message, finish = assistant_message(
+            text, c.finish_reason, tools_offered=bool(tools), tool_choice=body.get("tool_choice")
+        )
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = token_logprobs(self.tokenizer.convert_ids_to_tokens(generated), c.inference_logprobs)
+        choice.update(token_ids=generated, token_logprobs=list(c.inference_logprobs), versions=list(c.versions))
+        choice["prompt_token_ids"] = prompt
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}
+        usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+        return chat_completion_body(self.model, [choice], usage)

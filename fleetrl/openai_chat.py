@@ -1,0 +1,216 @@
+"""The OpenAI chat-completions format as fleetrl serves it: the prompt the chat template gives a request, tool calls
+parsed from what the model wrote, and the response body, whole or as a server-sent-event stream.
+
+Pure logic (no sockets), shared by the hf engine's OpenAI endpoint (services/inference/http_api.py) and the agent
+session server (fleetrl.gateway.session_server):
+
+    prompt_ids = render_chat_prompt(tokenizer, body["messages"], tools=body.get("tools"))
+    ... generate ...
+    message, finish = assistant_message(text, finish_reason, tools_offered=bool(tools), tool_choice=...)
+    body = chat_completion_body(model, [choice(0, message, finish)], usage)
+    events = stream_events(body)   # for stream=True: "data: {chunk}\\n\\n" ... "data: [DONE]\\n\\n"
+
+Tool calls are read in the `hermes` format (Qwen2.5, Hermes, the tiny model's template): each
+`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` block the model wrote becomes an OpenAI tool call; text
+before the first block is the message's content. A block that is not valid JSON with a name leaves the whole reply
+as plain content (finish_reason unchanged), as vLLM's hermes parser does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
+"""End-of-turn markers of common chat formats; whichever the tokenizer has ends a chat completion."""
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+class ChatRequestError(ValueError):
+    """A chat request that cannot be served (HTTP 400), naming the field."""
+
+
+def chat_stop_ids(tokenizer: Any) -> tuple[int, ...]:
+    """The ids of the end-of-turn markers the tokenizer has (they end a chat completion)."""
+    ids = []
+    for marker in END_OF_TURN:
+        i = tokenizer.convert_tokens_to_ids(marker)
+        if i is not None and i >= 0 and i != getattr(tokenizer, "unk_token_id", None):
+            ids.append(int(i))
+    return tuple(ids)
+
+
+def _text_of(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: only text ones
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise ChatRequestError(f"{where}.content[{i}]: only text content parts are supported")
+            parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise ChatRequestError(f"{where}.content: must be a string or a list of text parts")
+
+
+def template_messages(messages: Sequence[Any]) -> list[dict[str, Any]]:
+    """OpenAI request messages in the form chat templates read: text content as one string, an assistant's tool
+    call arguments (a JSON string on the wire) as a dict, as vLLM hands them to templates."""
+    if not isinstance(messages, list | tuple) or not messages:
+        raise ChatRequestError("messages: must be a non-empty list")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ChatRequestError(f"messages[{i}]: must be an object with a role")
+        m = dict(message)
+        m["content"] = _text_of(m.get("content"), f"messages[{i}]")
+        calls = m.get("tool_calls")
+        if calls:
+            fixed = []
+            for call in calls:
+                call = dict(call)
+                function = dict(call.get("function") or {})
+                arguments = function.get("arguments")
+                if isinstance(arguments, str):
+                    with contextlib.suppress(json.JSONDecodeError):  # else the template writes the string
+                        function["arguments"] = json.loads(arguments)
+                call["function"] = function
+                fixed.append(call)
+            m["tool_calls"] = fixed
+        out.append(m)
+    return out
+
+
+def render_chat_prompt(
+    tokenizer: Any,
+    messages: Sequence[Any],
+    *,
+    tools: Sequence[Any] | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """The prompt token ids of a chat request: the tokenizer's chat template over `messages` (and `tools`), with
+    the generation prompt."""
+    kwargs = dict(chat_template_kwargs or {})
+    if tools:
+        kwargs["tools"] = list(tools)
+    try:
+        ids = tokenizer.apply_chat_template(
+            template_messages(messages), add_generation_prompt=True, tokenize=True, **kwargs
+        )
+    except ChatRequestError:
+        raise
+    except Exception as exc:  # template errors come as jinja/ValueError/KeyError/TypeError types
+        raise ChatRequestError(f"messages: the chat template failed: {exc}") from exc
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers may return a BatchEncoding
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content, tool calls) of a reply in the hermes format; no valid block: (text, [])."""
+    blocks = _TOOL_CALL.findall(text)
+    if not blocks:
+        return text, []
+    calls = []
+    for block in blocks:
+        try:
+            parsed = json.loads(block)
+        except json.JSONDecodeError:
+            return text, []
+        if not isinstance(parsed, dict) or not isinstance(parsed.get("name"), str):
+            return text, []
+        arguments = parsed.get("arguments", {})
+        calls.append(
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {
+                    "name": parsed["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+    content = text[: text.index("<tool_call>")].strip()
+    return content or None, calls
+
+
+def assistant_message(
+    text: str, finish_reason: str, *, tools_offered: bool, tool_choice: Any = None
+) -> tuple[dict[str, Any], str]:
+    """The response message for the model's `text` and the choice's finish reason ("tool_calls" when it called
+    tools: only when tools were offered and tool_choice is not "none")."""
+    if tools_offered and tool_choice != "none":
+        content, calls = parse_tool_calls(text)
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": text}, finish_reason
+
+
+def token_logprobs(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
+    """A choice's `logprobs` object: one entry per generated token (no top alternatives)."""
+    return {
+        "content": [
+            {"token": t, "logprob": float(x), "bytes": list(t.encode()), "top_logprobs": []}
+            for t, x in zip(tokens, logprobs, strict=True)
+        ]
+    }
+
+
+def chat_completion_body(
+    model: str, choices: list[dict[str, Any]], usage: dict[str, int], *, completion_id: str | None = None
+) -> dict[str, Any]:
+    """A `chat.completion` response body."""
+    return {
+        "id": completion_id or f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def stream_events(body: dict[str, Any], *, include_usage: bool = False) -> list[str]:
+    """A whole chat completion as the server-sent events of `stream=True`: per choice a role chunk, its content,
+    its tool calls (each complete in one delta) and its finish reason; the usage chunk when asked for; [DONE].
+    fleetrl's extra choice fields (token ids, logprobs, versions) ride on each choice's last chunk."""
+    base = {k: body[k] for k in ("id", "created", "model")}
+    base["object"] = "chat.completion.chunk"
+    events = []
+    for choice in body["choices"]:
+        index, message = choice["index"], choice["message"]
+        events.append(_event({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}}]}))
+        if message.get("content"):
+            delta = {"index": index, "delta": {"content": message["content"]}}
+            if choice.get("logprobs") is not None:
+                delta["logprobs"] = choice["logprobs"]
+            events.append(_event({**base, "choices": [delta]}))
+        for k, call in enumerate(message.get("tool_calls") or []):
+            events.append(
+                _event({**base, "choices": [{"index": index, "delta": {"tool_calls": [{"index": k, **call}]}}]})
+            )
+        extras = {k: v for k, v in choice.items() if k not in ("index", "message", "logprobs", "finish_reason")}
+        last = {"index": index, "delta": {}, "finish_reason": choice["finish_reason"], **extras}
+        events.append(_event({**base, "choices": [last]}))
+    if include_usage:
+        events.append(_event({**base, "choices": [], "usage": body["usage"]}))
+    events.append("data: [DONE]\n\n")
+    return events
+
+
+def stop_text_cut(text: str, stop: str | Sequence[str] | None) -> str:
+    """`text` cut before the first stop string it holds (OpenAI leaves the stop string out of the content)."""
+    stops = [stop] if isinstance(stop, str) else [s for s in stop or () if isinstance(s, str) and s]
+    hits = [text.find(s) for s in stops if s and s in text]
+    return text[: min(hits)] if hits else text

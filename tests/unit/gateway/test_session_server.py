@@ -1,0 +1,145 @@
+"""The agent session server (fleetrl.gateway.session_server) with the real `openai` client over HTTP and a scripted
+sampler: tool calls parsed, streaming, multi-turn recording of exactly what the sampler returned, the session's
+affinity key on every call, refusals naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from fleetrl.gateway.session_server import SessionServer
+from fleetrl.sampler import SampledCompletion
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}},
+        },
+    }
+]
+
+
+class ScriptedSampler:
+    """Replays fixed replies (text -> tokens), recording each call's prompt and arguments."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        self.tokenizer, self.replies, self.calls = tokenizer, list(replies), []
+
+    async def sample_with_prompt_tokens(self, prompt, n=1, **kwargs):
+        self.calls.append((list(prompt), kwargs))
+        text = self.replies.pop(0)
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        tokens = [*self.tokenizer.encode(text, add_special_tokens=False), end]
+        logprobs = [-0.1 * (i + 1) for i in range(len(tokens))]
+        return [SampledCompletion(list(prompt) + tokens, len(prompt), logprobs, "stop", text, [3] * len(tokens))]
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+async def run_agent(client: openai.AsyncOpenAI, model: str, stream: bool) -> list[dict]:
+    """A plain OpenAI-SDK tool loop: ask, run the tools the model calls, ask again until it answers."""
+    messages: list[dict] = [{"role": "user", "content": "What is 1 + 2?"}]
+    for _ in range(4):
+        if stream:
+            chunks = await client.chat.completions.create(
+                model=model, messages=messages, tools=TOOLS, stream=True, stream_options={"include_usage": True}
+            )
+            content, calls, finish = "", {}, None
+            async for chunk in chunks:
+                for choice in chunk.choices:
+                    content += choice.delta.content or ""
+                    for call in choice.delta.tool_calls or []:
+                        calls.setdefault(
+                            call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}}
+                        )
+                        calls[call.index]["function"]["name"] += call.function.name or ""
+                        calls[call.index]["function"]["arguments"] += call.function.arguments or ""
+                    finish = choice.finish_reason or finish
+            message = {"role": "assistant", "content": content or None}
+            if calls:
+                message["tool_calls"] = [calls[k] for k in sorted(calls)]
+        else:
+            response = await client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
+            finish = response.choices[0].finish_reason
+            message = response.choices[0].message.model_dump(exclude_none=True)
+        messages.append(message)
+        if finish != "tool_calls":
+            return messages
+        for call in message["tool_calls"]:
+            args = json.loads(call["function"]["arguments"])
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": str(args["a"] + args["b"])})
+    return messages
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tool_using_openai_agent_runs_and_every_call_is_recorded(tokenizer, stream):
+    replies = ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "The answer is 3."]
+    sampler = ScriptedSampler(tokenizer, replies)
+    server = SessionServer(sampler, tokenizer, model="policy", sample_kwargs={"temperature": 1.0, "max_tokens": 32})
+    session = await server.open()
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    try:
+        messages = await run_agent(client, session.model, stream)
+    finally:
+        await client.close()
+        await server.close()
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "add"
+    assert json.loads(messages[1]["tool_calls"][0]["function"]["arguments"]) == {"a": 1, "b": 2}
+    assert messages[2] == {"role": "tool", "tool_call_id": messages[1]["tool_calls"][0]["id"], "content": "3"}
+    assert messages[3]["content"] == "The answer is 3."
+    assert len(sampler.calls) == 2 and all(kw["user"] == session.session_id for _, kw in sampler.calls)
+    first, second = session.turns
+    assert first.prompt_token_ids == sampler.calls[0][0]  # the template's rendering with the tools
+    assert "<tools>" in tokenizer.decode(first.prompt_token_ids)
+    assert first.completion_token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert second.prompt_token_ids == sampler.calls[1][0]
+    assert "<tool_response>\n3\n</tool_response>" in tokenizer.decode(second.prompt_token_ids)
+    run = session.to_rollout_run(reward=1.0)
+    samples = run.to_samples()
+    trained = [(t, lp) for s in samples for t, lp, m in zip(s.tokens, s.logprobs, s.loss_mask, strict=True) if m]
+    generated = [
+        (t, lp) for turn in session.turns for t, lp in zip(turn.completion_token_ids, turn.logprobs, strict=True)
+    ]
+    assert trained == generated  # the model's tokens and logprobs, verbatim, each once
+    assert samples[0].metrics["session_turns"] == 2.0
+    assert samples[0].metrics["session_splits"] == float(len(samples) - 1)
+
+
+async def test_calls_use_the_runs_sampling_settings_and_refuse_what_a_session_cannot_do(tokenizer):
+    sampler = ScriptedSampler(tokenizer, ["hi"])
+    kwargs = {"temperature": 0.9, "top_p": 0.95, "max_tokens": 16}
+    server = SessionServer(sampler, tokenizer, model="policy", sample_kwargs=kwargs, max_seq_len=200)
+    session = await server.open()
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    try:
+        with pytest.raises(openai.BadRequestError, match="n: a session call samples one completion"):
+            await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}], n=2)
+        with pytest.raises(openai.BadRequestError, match="model: unknown model 'gpt-4o'"):
+            await client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+        with pytest.raises(openai.BadRequestError, match="messages"):
+            await client.chat.completions.create(model="policy", messages=[])
+        wrong_key = openai.AsyncOpenAI(base_url=session.base_url, api_key="nope", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            await wrong_key.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
+        await wrong_key.close()
+        r = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "x"}], temperature=0.2, max_tokens=100, logprobs=True
+        )
+        assert r.choices[0].message.content == "hi" and r.choices[0].finish_reason == "stop"
+        assert [x.logprob for x in r.choices[0].logprobs.content] == session.turns[0].logprobs
+        ((_, args),) = sampler.calls
+        assert (args["temperature"], args["top_p"], args["max_tokens"], args["max_seq_len"]) == (0.9, 0.95, 16, 200)
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["policy"]
+    finally:
+        await client.close()
+        await server.close()
