@@ -71,3 +71,41 @@ def test_the_trainer_service_wants_a_reference_for_a_teacher(tiny_model_dir, tea
     with pytest.raises(ValueError, match=r"reference: .*teacher_model"):
         TrainerServiceConfig(run=run)
     assert TrainerServiceConfig(run=run, reference="local").reference == "local"
+
+
+def test_distilling_through_teacher_model_moves_the_student_toward_the_teacher(tiny_model_dir, tmp_path):
+    # The run-level path end to end in one process: teacher_model names a folder, the colocated reference loads it,
+    # kl_beta = 0, a built-in loss (grpo) with distill_weight = 1. The teacher is the student's weights perturbed
+    # (same tokenizer), as in tests/unit/losses/test_distill.py; the full-vocabulary KL(student || teacher) on
+    # held-out student samples falls.
+    from transformers import AutoTokenizer
+
+    from tests.unit.losses.test_distill import _kl_to_teacher, _student_groups
+
+    teacher = load_causal_lm(tiny_model_dir, trainable=False)
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.3 * p.abs().mean() * torch.randn(p.shape, generator=g))
+    teacher_path = tmp_path / "teacher"
+    teacher.save_pretrained(teacher_path)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(teacher_path)
+    cfg = make_cfg(
+        tiny_model_dir,
+        tmp_path / "run",
+        teacher_model=str(teacher_path),
+        kl_beta=0.0,
+        policy_loss="grpo",
+        learning_rate=3e-4,
+        prompt_groups_per_step=8,
+        completions_per_prompt=16,
+    )
+    trainer = PolicyTrainer(cfg, colocated_reference=True)
+    held_out = torch.tensor([group.samples[0].tokens for group in _student_groups(trainer.model, 99, 0)])
+    before = _kl_to_teacher(trainer.model, teacher, held_out, prompt=4)
+    for step in range(8):
+        metrics = trainer.train_step(_student_groups(trainer.model, step, trainer.version, groups_n=8, size=16)).metrics
+        assert metrics["train/reverse_kl"] > 0
+    after = _kl_to_teacher(trainer.model, teacher, held_out, prompt=4)
+    assert after < 0.85 * before, f"KL(student || teacher) {before:.4f} -> {after:.4f}"
+    trainer.close()
