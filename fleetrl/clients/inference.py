@@ -41,10 +41,15 @@ class InferenceClient:
     async def status(self, *, timeout_s: float = 10.0) -> inference_pb2.StatusResponse:
         return await self._stub.Status(inference_pb2.StatusRequest(), timeout=timeout_s)
 
-    async def load_weights(self, version: int, source: str, *, timeout_s: float = 300.0) -> LoadResult:
+    async def load_weights(
+        self, version: int, source: str, *, timeout_s: float = 300.0, group_replicas: int = 0
+    ) -> LoadResult:
+        """LoadWeights; `group_replicas` > 0 asks for the collective transport (that many replicas pushed to)."""
         msg = inference_pb2.LoadWeightsRequest(version=version, source=source, timeout_s=timeout_s)
+        if group_replicas > 0:
+            msg.transport, msg.group_replicas = "collective", group_replicas
         reply = await self._stub.LoadWeights(msg, timeout=timeout_s + 10.0)
-        return LoadResult(reply.version, reply.checksum, reply.transfer_s, reply.pause_s)
+        return LoadResult(reply.version, reply.checksum, reply.transfer_s, reply.pause_s, reply.transport or "zmq")
 
     async def close(self) -> None:
         await self._channel.close()

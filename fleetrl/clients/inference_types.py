@@ -113,3 +113,4 @@ class LoadResult:
     checksum: str
     transfer_s: float  # fetching + verifying the bytes (generation kept running)
     pause_s: float  # time generation was stopped for the swap
+    transport: str = "zmq"  # how the bytes came: "zmq" (the weight stream) or "collective" (fleetrl.weights.collective)

@@ -54,6 +54,7 @@ __all__ = [
     "CollectiveSender",
     "GroupOffer",
     "Membership",
+    "fetch_collective",
     "join_group",
     "receive_into",
     "receive_state_dict",
@@ -415,3 +416,21 @@ def receive_state_dict(
     _, size = flat_layout([t.nbytes for t in offer.manifest.tensors])
     flat = torch.empty(size, dtype=torch.uint8)
     return receive_into(offer, membership.rank_offset, membership.world_size, flat, skip=skip, verify=verify)
+
+
+def fetch_collective(
+    address: str,
+    version: int,
+    *,
+    replicas: int,
+    auth_token: str | None = None,
+    timeout_s: float = 300.0,
+) -> tuple[Manifest, dict[str, torch.Tensor]] | None:
+    """One rank's whole collective load of `version` (ask, join, receive, verify): the manifest and the tensors,
+    or None when the group had closed before this replica joined. WeightTransferError on any failure; the caller
+    loads the version over the weight stream instead, either way."""
+    offer = request_group(address, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s)
+    membership = join_group(offer, 1)
+    if membership is None:
+        return None
+    return offer.manifest, receive_state_dict(offer, membership)

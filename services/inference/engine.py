@@ -73,12 +73,15 @@ class InferenceEngine(ABC):
         *,
         auth_token: str | None = None,
         timeout_s: float = 300.0,
+        group_replicas: int = 0,
     ) -> LoadResult:
         """Fetch `version` from the weight stream at `source` while generation continues, then swap under a
         short pause. Incomplete / mismatched (unknown name, wrong shape or dtype) / bad checksum -> raise
         WeightLoadError and keep serving the previous version. `timeout_s` bounds each wait for the stream and is
         the floor of the whole load's bound, which adds the version's bytes at a conservative rate
-        (fleetrl.weights.timeouts)."""
+        (fleetrl.weights.timeouts). `group_replicas` > 0: receive it by broadcast in the trainer's group for the
+        version (``weight_transport = "collective"``, that many replicas pushed to), over the stream if this
+        replica cannot join or the broadcast fails (`LoadResult.transport` says which)."""
 
     @abstractmethod
     def queue_depth(self) -> int:

@@ -240,6 +240,7 @@ class HFEngine(InferenceEngine):
         *,
         auth_token: str | None = None,
         timeout_s: float = 300.0,
+        group_replicas: int = 0,
     ) -> LoadResult:
         from fleetrl.weights import WeightTransferError, fetch_weights, transfer_timeout_s
 
@@ -252,9 +253,17 @@ class HFEngine(InferenceEngine):
             try:
                 # timeout_s bounds each wait for the stream; the whole fetch gets timeout_s plus its bytes at a
                 # conservative rate (fleetrl.weights.timeouts), enforced by fetch_weights itself.
-                manifest, tensors = await asyncio.to_thread(
-                    fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token
-                )
+                received = None
+                if group_replicas > 0:
+                    received = await asyncio.to_thread(
+                        _fetch_collective, source, version, group_replicas, auth_token, timeout_s
+                    )
+                transport = "zmq" if received is None else "collective"
+                if received is None:
+                    received = await asyncio.to_thread(
+                        fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token
+                    )
+                manifest, tensors = received
             except WeightTransferError as exc:
                 raise WeightLoadError(f"fetching version {version} from {source}: {exc}") from exc
             if manifest.version != version:
@@ -281,7 +290,7 @@ class HFEngine(InferenceEngine):
                 self._lora_adapted = adapted
             else:  # a full model is the new base: nothing holds an adapter's delta any more
                 self._lora_base, self._lora_adapted = {}, frozenset()
-            return LoadResult(version, manifest.checksum, transfer_s, pause_s)
+            return LoadResult(version, manifest.checksum, transfer_s, pause_s, transport)
 
     def _merge_adapter(
         self, adapter: Any, tensors: dict[str, torch.Tensor]
@@ -441,3 +450,21 @@ def _set_result(future: asyncio.Future, value: object) -> None:
 def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def _fetch_collective(
+    source: str, version: int, replicas: int, auth_token: str | None, timeout_s: float
+) -> tuple[Any, dict[str, torch.Tensor]] | None:
+    """The version by broadcast in the trainer's group (fleetrl.weights.collective), or None: load it over the
+    weight stream (the group had closed, or joining or receiving failed; logged)."""
+    from fleetrl.weights import WeightTransferError
+    from fleetrl.weights.collective import fetch_collective
+
+    try:
+        received = fetch_collective(source, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s)
+    except WeightTransferError as exc:
+        logger.warning("collective push of version %d failed (%s): loading it from the weight stream", version, exc)
+        return None
+    if received is None:
+        logger.info("the group of version %d had closed: loading it from the weight stream", version)
+    return received

@@ -83,6 +83,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         if not (math.isfinite(timeout_s) and timeout_s > 0):
             message = f"LoadWeights: timeout_s must be a finite number > 0, got {timeout_s}"
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        if request.transport not in ("", "zmq", "collective"):
+            message = f"LoadWeights: transport must be 'zmq' or 'collective', got {request.transport!r}"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        if request.transport == "collective" and (request.relay or request.group_replicas < 1):
+            message = "LoadWeights: a collective load needs group_replicas >= 1 and no relay"
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         relay = self._relay if request.relay else None
         if request.relay and relay is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "LoadWeights: this replica serves no relay")
@@ -93,8 +99,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                     self._engine, request.version, request.source, auth_token=auth_token, timeout_s=timeout_s
                 )
             else:
+                group_replicas = request.group_replicas if request.transport == "collective" else 0
                 result = await self._engine.load_weights(
-                    request.version, request.source, auth_token=auth_token, timeout_s=timeout_s
+                    request.version,
+                    request.source,
+                    auth_token=auth_token,
+                    timeout_s=timeout_s,
+                    group_replicas=group_replicas,
                 )
         except WeightLoadError as exc:
             self._metrics.observe_load(None)
@@ -115,7 +126,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             result.version,
             result.checksum,
             request.source,
-            " through the relay" if request.relay else "",
+            " through the relay" if request.relay else f" ({result.transport})",
             result.transfer_s,
             result.pause_s,
         )
@@ -124,4 +135,5 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             checksum=result.checksum,
             transfer_s=result.transfer_s,
             pause_s=result.pause_s,
+            transport=result.transport,
         )

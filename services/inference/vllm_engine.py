@@ -539,6 +539,7 @@ class VLLMEngine(InferenceEngine):
         *,
         auth_token: str | None = None,
         timeout_s: float = 300.0,
+        group_replicas: int = 0,
     ) -> LoadResult:
         if self._llm is None:
             raise EngineError("the engine is not started")
@@ -558,8 +559,19 @@ class VLLMEngine(InferenceEngine):
                 "timeout_s": timeout_s,
                 "shared": self.shared_staging,
             }
+            transport = "zmq"
             try:
-                transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)
+                if group_replicas > 0 and await self._join_collective(handle, group_replicas):
+                    try:
+                        transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)
+                        transport = "collective"
+                    except WeightLoadError as exc:
+                        # The broadcast failed (a member died, the group timed out): this version over the stream.
+                        logger.warning("collective push of version %d failed (%s): fetching it instead", version, exc)
+                        await self._rpc("fleetrl_discard_staged", load_id)
+                        del handle["collective"]
+                if transport == "zmq":
+                    transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)
                 if self.weight_update == "transfer_api":
                     pause_s = await self._swap(load_id, version, checksum, nbytes)
                 else:
@@ -582,7 +594,42 @@ class VLLMEngine(InferenceEngine):
                 transfer_s,
                 pause_s,
             )
-            return LoadResult(version, checksum, transfer_s, pause_s)
+            return LoadResult(version, checksum, transfer_s, pause_s, transport)
+
+    async def _join_collective(self, handle: dict[str, Any], group_replicas: int) -> bool:
+        """Ask the trainer's weight stream for the version's group and claim this replica's ranks (local rank 0
+        alone where the workers share one staged copy, else every worker); on success the workers' staging
+        handle carries the group and True is returned. False (logged): fetch over the stream instead."""
+        from fleetrl.weights import WeightTransferError
+        from fleetrl.weights.collective import join_group, request_group
+        from fleetrl.weights.manifest import encode_manifest
+
+        version, source = handle["version"], handle["address"]
+        try:
+            offer = await asyncio.to_thread(
+                request_group,
+                source,
+                version,
+                replicas=group_replicas,
+                auth_token=handle["auth_token"],
+                timeout_s=handle["timeout_s"],
+            )
+            ranks = 1 if self.shared_staging and self._tp > 1 else self._tp
+            membership = await asyncio.to_thread(join_group, offer, ranks)
+        except WeightTransferError as exc:
+            logger.warning("cannot join the group of version %d (%s): fetching it instead", version, exc)
+            return False
+        if membership is None:
+            logger.info("the group of version %d had closed: fetching it instead", version)
+            return False
+        group = offer.to_json()
+        group.update(
+            manifest=encode_manifest(offer.manifest).decode(),
+            rank_offset=membership.rank_offset,
+            world_size=membership.world_size,
+        )
+        handle["collective"] = group
+        return True
 
     async def _stage(self, handle: dict[str, Any], started: float, floor_s: float) -> tuple[float, str, int]:
         """Fetch + verify + validate in every worker while generation continues; return the seconds taken, the

@@ -305,6 +305,76 @@ def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec
     staged.state = STAGE_READY
 
 
+def _receive_collective_into(
+    staged: _Staged, handle: dict[str, Any], spec: WeightSpec, rank: int, shared: bool
+) -> None:
+    """One receiving worker of a collective push (``weight_transport = "collective"``, weights/collective.py):
+    build the trainer's group as `rank`, receive the version's buckets and verify every tensor (runs in a
+    background thread, like a fetch). With `shared` (local rank 0 of a tensor-parallel replica) the buffer is the
+    replica's shared-memory copy, which the other ranks map as they would a fetched one. A version that does not
+    match the model is still received (the group's broadcast needs every member) and then reported failed."""
+    import torch
+
+    from fleetrl.services.inference.engine import WeightLoadError
+    from fleetrl.weights import WeightTransferError
+    from fleetrl.weights.collective import GroupOffer, receive_into
+    from fleetrl.weights.collective_plan import flat_layout
+    from fleetrl.weights.manifest import decode_manifest
+
+    start = time.perf_counter()
+    group = handle["collective"]
+    offer = GroupOffer.from_json(group, decode_manifest(group["manifest"].encode()))
+    manifest = offer.manifest
+    staged.nbytes = manifest.total_bytes
+    offsets, size = flat_layout([t.nbytes for t in manifest.tensors])
+    data_path, index_path = shared_paths(staged.load_id)
+    partial = index_path.with_suffix(".json.partial")
+    try:
+        mismatch = ""
+        try:
+            check_manifest(manifest, staged.version, spec)
+        except (WeightLoadError, ValueError) as exc:
+            mismatch = str(exc)
+        if shared:
+            staged.owned_files = (index_path, partial, data_path)
+            with open(data_path, "wb") as out:
+                os.posix_fallocate(out.fileno(), 0, size)
+            flat = torch.from_file(str(data_path), shared=True, size=size, dtype=torch.uint8)
+        else:
+            flat = torch.empty(size, dtype=torch.uint8)
+        tensors = receive_into(offer, rank, int(group["world_size"]), flat, skip=spec.optional)
+        if mismatch:
+            raise WeightLoadError(mismatch)
+        if shared:
+            entries = [
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "offset": offset}
+                for t, offset in zip(manifest.tensors, offsets, strict=True)
+                if t.name not in spec.optional
+            ]
+            index = {"version": staged.version, "checksum": manifest.checksum, "nbytes": manifest.total_bytes}
+            index.update(size=size, tensors=entries)
+            del flat, tensors
+            _write_index(partial, index_path, index)
+            staged.tensors = _map_shared(data_path, index)
+        else:
+            staged.tensors = list(tensors.items())
+    except (WeightTransferError, WeightLoadError, ValueError, OSError) as exc:
+        staged.release()
+        if shared:  # the other ranks stop waiting for a copy that will not come
+            _write_index(partial, index_path, {"version": staged.version, "failed": str(exc)})
+            staged.owned_files = (index_path,)
+        staged.error, staged.state = str(exc), STAGE_FAILED
+        return
+    except Exception as exc:  # a background thread must report every failure, not die silently
+        logger.exception("receiving weights version %d by collective push failed", staged.version)
+        staged.release()
+        staged.error, staged.state = f"unexpected error in the collective push: {exc!r}", STAGE_FAILED
+        return
+    staged.checksum = manifest.checksum
+    staged.transfer_s = time.perf_counter() - start
+    staged.state = STAGE_READY
+
+
 class _PrivateCopy(Exception):
     """No room for the shared copy: every rank fetches its own."""
 
@@ -328,6 +398,8 @@ def _map_shared_from_rank0(staged: _Staged, handle: dict[str, Any], spec: Weight
                 raise RuntimeError(f"rank 0's copy did not appear at {index_path} in {_READER_LIMIT_S:.0f} s")
             time.sleep(_READER_POLL_S)
         index = json.loads(index_path.read_text())
+        if "failed" in index:
+            raise RuntimeError(f"rank 0 could not receive the version: {index['failed']}")
         if "private" in index:
             _fetch_into(staged, handle, spec)
             return
@@ -437,9 +509,15 @@ class WeightSwapExtension:
             return staged.status()
         _STAGING["current"] = staged
         target, args = _fetch_into, (staged, dict(handle), spec)
-        if handle.get("shared", False) and self._fleetrl_ranks_here() > 1:
-            rank0 = self.local_rank == 0  # type: ignore[attr-defined]
+        shared = handle.get("shared", False) and self._fleetrl_ranks_here() > 1
+        rank0 = self.local_rank == 0  # type: ignore[attr-defined]
+        if shared:
             target = _fetch_shared_into if rank0 else _map_shared_from_rank0
+        if handle.get("collective") and (rank0 or not shared):
+            # Collective push: local rank 0 alone receives a shared copy; without one, every worker receives its own.
+            within = 0 if shared else int(self.local_rank)  # type: ignore[attr-defined]
+            rank = int(handle["collective"]["rank_offset"]) + within
+            target, args = _receive_collective_into, (staged, dict(handle), spec, rank, shared)
         threading.Thread(
             target=target,
             args=args,

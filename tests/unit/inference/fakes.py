@@ -57,7 +57,13 @@ class ScriptedEngine(InferenceEngine):
         ]
 
     async def load_weights(
-        self, version: int, source: str, *, auth_token: str | None = None, timeout_s: float = 300.0
+        self,
+        version: int,
+        source: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 300.0,
+        group_replicas: int = 0,
     ) -> LoadResult:
         raise EngineError("no weights here")
 

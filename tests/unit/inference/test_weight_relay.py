@@ -27,7 +27,13 @@ class FetchingEngine(ScriptedEngine):
         self.sources: list[str] = []
 
     async def load_weights(
-        self, version: int, source: str, *, auth_token: str | None = None, timeout_s: float = 300.0
+        self,
+        version: int,
+        source: str,
+        *,
+        auth_token: str | None = None,
+        timeout_s: float = 300.0,
+        group_replicas: int = 0,
     ) -> LoadResult:
         manifest, _ = await asyncio.to_thread(
             fetch_weights, source, version, timeout_s=timeout_s, auth_token=auth_token
