@@ -47,9 +47,7 @@ def build_session_app(server: SessionServer) -> FastAPI:
                 result = await asyncio.create_task(work, context=session.context)
             else:
                 result = await work
-        except (ChatRequestError, SessionError) as exc:
-            return error(400, str(exc))
-        except TypeError as exc:  # the sampler's refusal of an argument
+        except (ChatRequestError, SessionError, TypeError, ValueError) as exc:  # the request's fault (named)
             return error(400, str(exc))
         except Exception as exc:  # no replica, a failed call: the agent may retry
             log.warning("agent session call failed: %s", exc)
