@@ -100,6 +100,8 @@ class SessionServer:
         """A new session (the server started on first use). It runs its calls in the caller's context, so calls
         made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed)."""
         await self.start()
+        # A session turned into a result is done: forget it (its endpoint then answers 404).
+        self.sessions = {key: s for key, s in self.sessions.items() if not s.closed}
         session_id = uuid.uuid4().hex
         session = AgentSession(
             session_id=session_id,
