@@ -61,3 +61,50 @@ async def test_a_late_reply_from_the_old_process_does_not_unfence_its_successor(
     finally:
         await orch.close()
         await server.stop(None)
+
+
+class SlowStatusReplica(inference_pb2_grpc.InferenceServicer):
+    """A replica whose Status reply is held (it was read before the swap: "version 3") while a push to version 4
+    lands."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.answer = asyncio.Event()
+
+    async def Status(self, request, context):
+        self.asked.set()
+        await self.answer.wait()
+        return inference_pb2.StatusResponse(loaded_version=3)
+
+    async def LoadWeights(self, request, context):
+        return inference_pb2.LoadWeightsResponse(version=request.version)
+
+
+async def test_a_status_reply_sent_before_a_push_landed_does_not_fence_the_replica(tmp_path):
+    replica = SlowStatusReplica()
+    server = grpc.aio.server()
+    inference_pb2_grpc.add_InferenceServicer_to_server(replica, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    member = members.register("inference", "inference-0", f"127.0.0.1:{port}", now=0)
+    members.loaded("inference-0", 3)
+    scheduler = RowScheduler(
+        DatasetCursor([{"q": i} for i in range(4)], shuffle=False), OffPolicyGate(2, 2, 0), prompt_groups_per_step=2
+    )
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", heartbeat_interval_s=20)
+    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=lambda: 0.0)
+    orch.pushed_version = 3
+    try:
+        poll = asyncio.create_task(orch._poll(member))
+        await async_wait_until(replica.asked.is_set, 10, "the poll asking the replica")
+        await orch.push_weights(4, "127.0.0.1:1")  # lands while the Status reply is on its way
+        assert (member.version, member.fenced, orch.pushed_version) == (4, False, 4)
+        replica.answer.set()  # "version 3": true when it was sent, stale now
+        await asyncio.wait_for(poll, 10)
+        # Before: fenced ("serves version 3") and pushed version 4 again in the background.
+        assert not member.fenced and member.version == 4
+        assert orch._loading["inference-0"][1].get_name() == "push-inference-0"  # no catch-up started
+    finally:
+        await orch.close()
+        await server.stop(None)
