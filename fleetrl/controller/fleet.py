@@ -236,6 +236,8 @@ class ReplicaFleet:
         if not self._ended(load):
             return False
         self._refusals.pop(load.member.member_id, None)
+        if load.plan.relay:  # its relay holds the version now (a catch-up may fetch it there before the next poll)
+            load.member.relay_version = version
         if version >= self.pushed_version or load.kind == "push":
             self.members.loaded(load.member.member_id, version)
             return True

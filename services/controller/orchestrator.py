@@ -599,8 +599,6 @@ class Orchestrator:
             )
             source = trainer
             reply = await load(source)
-        if plan.relay:  # its relay holds the version now (a catch-up may fetch it there before the next poll)
-            member.relay_version = int(reply.version)
         return reply, source
 
     def request_stop(self) -> None:

@@ -268,3 +268,21 @@ def test_bad_settings_are_named():
         ReplicaFleet(MemberRegistry(), catch_up_backoff_s=0)
     with pytest.raises(ValueError, match="forget_after_s"):
         ReplicaFleet(MemberRegistry(), forget_after_s=0)
+
+
+def test_a_replica_that_loaded_through_its_relay_is_the_source_of_the_next_catch_up():
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    for member_id in ("a", "b"):
+        members.register("inference", member_id, f"h:{member_id}", now=0)
+    fleet = ReplicaFleet(members, weight_fanout="chain")
+    for member_id in ("a", "b"):
+        fleet.status_answered(members.members[member_id], 0, 0, f"relay-{member_id}", 0, now=0)
+    push = fleet.start_push(1, TRAINER, now=0)
+    assert [(load.plan.source, load.plan.relay) for load in push.loads] == [(TRAINER, True), ("relay-a", True)]
+    for load in push.loads:
+        fleet.load_succeeded(load, 1)
+    assert fleet.finish_push(push, now=0) is None
+    joined = members.register("inference", "c", "h:c", now=1)
+    fleet.joined(joined)
+    load = fleet.status_answered(joined, 0, 0, "relay-c", 0, now=1)  # before any poll says "a" holds version 1
+    assert load is not None and load.plan.source == "relay-a" and load.plan.relay
