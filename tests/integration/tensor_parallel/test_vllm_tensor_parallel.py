@@ -111,3 +111,38 @@ async def test_a_push_is_fetched_once_per_replica(tp_engine, tiny_model_dir):
     with WeightPublisher() as publisher:
         publisher.publish(version + 1, original)
         await tp_engine.load_weights(version + 1, publisher.address, timeout_s=60)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["one-copy", "every-rank"])
+async def test_a_collective_push_lands_in_both_ranks_shards(tp_engine, tiny_model_dir, shared):
+    """weight_transport "collective" (fleetrl.weights.collective): with one staged copy per replica, local rank 0
+    alone joins the trainer's gloo group (world 2) and rank 1 maps its copy; without, both workers join (world 3).
+    Either way no byte goes over the weight stream and both ranks' shards serve the new weights."""
+    from fleetrl.weights import WeightPublisher
+
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=41 + shared)
+    request = conformance.SamplingRequest(conformance.PROMPTS[1], n=2, max_tokens=12, seed=5)
+    tp_engine.shared_staging = shared
+    try:
+        with WeightPublisher(collective_bucket_bytes=1 << 20) as publisher:
+            version = tp_engine.loaded_version + 1
+            manifest = publisher.publish(version, new_state)
+            result = await tp_engine.load_weights(version, publisher.address, timeout_s=60, group_replicas=1)
+            (sender,) = publisher.collective_senders
+            assert sender.done.wait(30) and sender.error == ""
+            counts = publisher.snapshot_counts()
+    finally:
+        tp_engine.shared_staging = True
+    assert (result.transport, result.checksum) == ("collective", manifest.checksum)
+    assert sender.world_size == (2 if shared else 3)
+    assert counts.get("bytes_served", 0) == 0, counts
+    completions = await tp_engine.generate(request)
+    assert all(c.versions == [version] * len(c.token_ids) for c in completions)
+    worst = conformance.assert_logprobs_match(
+        conformance.load_reference(tiny_model_dir, new_state), request, completions
+    )
+    assert worst < conformance.LOGPROB_TOL
+    with WeightPublisher() as publisher:
+        publisher.publish(version + 1, original)
+        await tp_engine.load_weights(version + 1, publisher.address, timeout_s=60)
