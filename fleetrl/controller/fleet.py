@@ -135,6 +135,7 @@ class ReplicaFleet:
             self.members.remove(member.member_id)
             self.loading.pop(member.member_id, None)
             self._refusals.pop(member.member_id, None)
+            self._loads_ended.pop(member.member_id, None)
             log.warning(
                 "replica %s has not been heard from for %.0f s: dropped from the run (it registers again if it "
                 "comes back)",
