@@ -2,7 +2,9 @@
 fleetrl; http_server.py runs it under uvicorn.
 
 Routes: GET /v1/models, POST /v1/completions (text or token-id prompts), POST /v1/chat/completions (the
-tokenizer's chat template), GET /health. No streaming. Besides the OpenAI fields every choice carries `token_ids`,
+tokenizer's chat template, with `tools`; tool calls the model writes in the hermes format come back as OpenAI tool
+calls, and `stream=True` is answered as server-sent events of the finished completion: fleetrl.openai_chat), GET
+/health. /v1/completions does not stream. Besides the OpenAI fields every choice carries `token_ids`,
 `token_logprobs` (per generated token, under the distribution sampled from), `versions` (policy version per
 token) and `prompt_token_ids`. Extra request fields accepted as in vLLM: top_k, stop_token_ids, ignore_eos.
 String `stop`s go to the engine, which ends generation at the token that completes one; the text is cut before
@@ -18,6 +20,7 @@ The pure pieces (request building, stop-string cutting, usage, response choices)
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import Awaitable
@@ -25,9 +28,17 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetrl.openai_chat import (
+    assistant_message,
+    chat_completion_body,
+    render_chat_prompt,
+    stream_events,
+    token_logprobs,
+)
+from fleetrl.openai_chat import chat_stop_ids as chat_stop_ids
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import (
     FINISH_STOP,
@@ -37,9 +48,6 @@ from fleetrl.services.inference.engine import (
     SamplingRequest,
 )
 from fleetrl.services.inference.metrics import InferenceMetrics
-
-# End-of-turn markers of common chat formats; whichever the tokenizer has ends a chat completion.
-_END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 
 
 class _Sampling(BaseModel):
@@ -69,6 +77,10 @@ class ChatBody(_Sampling):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    stream_options: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class BadRequest(ValueError):
@@ -81,11 +93,6 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
 
 
 # -- pure pieces ---------------------------------------------------------------------------------------------------
-
-
-def chat_stop_ids(tokenizer: Any) -> tuple[int, ...]:
-    """The ids of the end-of-turn markers the tokenizer has (they end a chat completion)."""
-    return tuple(i for t in _END_OF_TURN if (i := tokenizer.convert_tokens_to_ids(t)) is not None and i >= 0)
 
 
 def sampling_request(
@@ -192,9 +199,14 @@ class OpenAIApi:
         """POST /v1/completions."""
         return await self._guarded(self.complete(body))
 
-    async def chat(self, body: ChatBody) -> JSONResponse:
+    async def chat(self, body: ChatBody) -> Response:
         """POST /v1/chat/completions."""
-        return await self._guarded(self.chat_complete(body))
+        response = await self._guarded(self.chat_complete(body))
+        if not body.stream or response.status_code != 200:
+            return response
+        options = body.stream_options or {}
+        events = stream_events(json.loads(response.body), include_usage=bool(options.get("include_usage")))
+        return StreamingResponse(iter(events), media_type="text/event-stream")
 
     async def health(self) -> dict[str, str]:
         """GET /health."""
@@ -239,50 +251,38 @@ class OpenAIApi:
         }
 
     async def chat_complete(self, body: ChatBody) -> dict[str, Any]:
-        """A /v1/chat/completions response body."""
+        """A /v1/chat/completions response body (streamed or not, the body is the whole completion)."""
         if not body.messages:
             raise BadRequest("messages: must not be empty")
-        try:
-            prompt = self.tokenizer.apply_chat_template(
-                body.messages, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        except Exception as exc:  # template errors come as jinja/ValueError/KeyError types
-            raise BadRequest(f"messages: the chat template failed: {exc}") from exc
-        prompt = list(prompt)
+        prompt = render_chat_prompt(
+            self.tokenizer, body.messages, tools=body.tools, chat_template_kwargs=body.chat_template_kwargs
+        )
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:  # OpenAI default: up to the context length
             max_tokens = (self.max_len - len(prompt)) if self.max_len else self.config.default_max_tokens
-        request = sampling_request(body, prompt, max_tokens, self.chat_stops, self.config.model_name)
+        whole = body.model_copy(update={"stream": False})  # a stream is the finished completion as events
+        request = sampling_request(whole, prompt, max_tokens, self.chat_stops, self.config.model_name)
         (completions,) = await self.generate("chat", [request])
         choices = []
         for c0 in completions:
             text, c = cut_at_stop(c0, body.stop, self.tokenizer)
             lp = None
             if body.logprobs:
-                toks = self.tokenizer.convert_ids_to_tokens(c.token_ids)
-                lp = {
-                    "content": [
-                        {"token": t, "logprob": x, "bytes": list(t.encode()), "top_logprobs": []}
-                        for t, x in zip(toks, c.logprobs, strict=True)
-                    ]
-                }
+                lp = token_logprobs(self.tokenizer.convert_ids_to_tokens(c.token_ids), c.logprobs)
+            message, finish = assistant_message(
+                text, c.finish_reason, tools_offered=bool(body.tools), tool_choice=body.tool_choice
+            )
             choices.append(
                 {
                     "index": len(choices),
                     "logprobs": lp,
-                    "finish_reason": c.finish_reason,
-                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": finish,
+                    "message": message,
                     **choice_extras(c, prompt),
                 }
             )
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.config.model_name,
-            "choices": choices,
-            "usage": usage([prompt], list(completions)),  # counts the completions before any stop-string cut
-        }
+        # usage counts the completions before any stop-string cut
+        return chat_completion_body(self.config.model_name, choices, usage([prompt], list(completions)))
 
     async def generate(self, api: str, requests: list[SamplingRequest]) -> list[list[Completion]]:
         """Run `requests` on the engine together, counted in the metrics under `api`."""
