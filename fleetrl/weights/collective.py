@@ -26,6 +26,7 @@ import json
 import logging
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from secrets import token_hex
@@ -253,10 +254,18 @@ class CollectiveSender:
 
     def _send(self, group: Any) -> None:
         device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
-        sources = [torch.frombuffer(p, dtype=torch.uint8) if len(p) else None for p in self._payloads]
+        with warnings.catch_warnings():  # the snapshot's views are read-only; rank 0 of a broadcast only reads
+            warnings.simplefilter("ignore", UserWarning)
+            sources = [torch.frombuffer(p, dtype=torch.uint8) if len(p) else None for p in self._payloads]
         largest = max((b.nbytes for b in self.buckets), default=0)
         staging = torch.empty(largest, dtype=torch.uint8, pin_memory=device is not None)
         for bucket in self.buckets:
+            (first, *more) = bucket.pieces
+            if not more and device is None:  # a bucket of one tensor's bytes: broadcast them where they are
+                source = sources[first.tensor_index]
+                assert source is not None
+                _broadcast(group, source[first.start : first.stop], self._budget_s)
+                continue
             buffer = staging[: bucket.nbytes]
             for piece in bucket.pieces:
                 source = sources[piece.tensor_index]

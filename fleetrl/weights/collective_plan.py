@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 WEIGHT_TRANSPORTS = ("zmq", "collective")
-DEFAULT_BUCKET_BYTES = 256 << 20
+DEFAULT_BUCKET_BYTES = 64 << 20
 CLOSED = 1 << 40  # added to the rank counter to close a group; far above any number of ranks
 _ALIGN = 64
 
