@@ -249,6 +249,8 @@ class Gateway:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            if setup.sessions is not None:  # the agent session server, if a rollout opened a session
+                await setup.sessions.close()
             await self.sampler.close()
             if self._sender is not None:
                 self._sender.close()

@@ -67,6 +67,7 @@ async def evaluate_with(
             call = evaluation_fn(setup, rows)
         metrics = await asyncio.wait_for(call, timeout=timeout_s)
     finally:
+        await setup.sessions.close()  # the agent session server, if the hook's rollouts opened sessions
         await sampler.close()
     return {str(k): float(v) for k, v in dict(metrics or {}).items()}
 
