@@ -13,7 +13,7 @@ from fleetrl.up.config import UpConfig
 from fleetrl.user_code import load_object
 from tests.unit.examples.helpers import EXAMPLES, ScriptedSampler, load_example_module
 
-NAMES = ["single_turn_token_in", "multi_turn_message_in", "gsm8k", "tool_use"]
+NAMES = ["single_turn_token_in", "multi_turn_message_in", "gsm8k", "tool_use", "openai_agent"]
 REPO = EXAMPLES.parent
 
 
