@@ -33,7 +33,7 @@ class TrainStepRequest(_message.Message):
     def __init__(self, step: _Optional[int] = ..., row_ids: _Optional[_Iterable[int]] = ..., data_position: _Optional[str] = ..., wait_timeout_s: _Optional[float] = ..., groups: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ..., superseded: _Optional[_Iterable[_Union[GroupRef, _Mapping]]] = ...) -> None: ...
 
 class TrainStepResponse(_message.Message):
-    __slots__ = ("step", "version", "published", "weights_address", "metrics", "skipped_row_ids", "already_trained", "checkpoint_path", "samples")
+    __slots__ = ("step", "version", "published", "weights_address", "metrics", "skipped_row_ids", "already_trained", "checkpoint_path", "samples", "weights_bytes")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class TrainStepResponse(_message.Message):
     ALREADY_TRAINED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_PATH_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
     step: int
     version: int
     published: bool
@@ -59,7 +60,8 @@ class TrainStepResponse(_message.Message):
     already_trained: bool
     checkpoint_path: str
     samples: _containers.RepeatedCompositeFieldContainer[TrainSample]
-    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., published: _Optional[bool] = ..., weights_address: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_row_ids: _Optional[_Iterable[int]] = ..., already_trained: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[TrainSample, _Mapping]]] = ...) -> None: ...
+    weights_bytes: int
+    def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., published: _Optional[bool] = ..., weights_address: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_row_ids: _Optional[_Iterable[int]] = ..., already_trained: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[TrainSample, _Mapping]]] = ..., weights_bytes: _Optional[int] = ...) -> None: ...
 
 class TrainSample(_message.Message):
     __slots__ = ("row_id", "prompt", "completion", "reward", "version_offset", "finish_reason")
@@ -82,16 +84,18 @@ class PublishRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("version", "weights_address", "checksum", "publish_s")
+    __slots__ = ("version", "weights_address", "checksum", "publish_s", "weights_bytes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     PUBLISH_S_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     weights_address: str
     checksum: str
     publish_s: float
-    def __init__(self, version: _Optional[int] = ..., weights_address: _Optional[str] = ..., checksum: _Optional[str] = ..., publish_s: _Optional[float] = ...) -> None: ...
+    weights_bytes: int
+    def __init__(self, version: _Optional[int] = ..., weights_address: _Optional[str] = ..., checksum: _Optional[str] = ..., publish_s: _Optional[float] = ..., weights_bytes: _Optional[int] = ...) -> None: ...
 
 class SaveCheckpointRequest(_message.Message):
     __slots__ = ("data_position",)

@@ -141,6 +141,16 @@ class WeightPublisher(WeightStreamServer):
         """How many times the staging buffers were allocated (once while the tensors' sizes stay the same)."""
         return self._staging.allocations
 
+    def version_bytes(self, version: int) -> int:
+        """Bytes `version` moves on the stream (served, or being staged); 0 for a version this publisher lacks."""
+        with self._lock:
+            snapshot = self._versions.get(version)
+            if snapshot is not None:
+                return snapshot.manifest.total_bytes
+            if version == self._staging_version:
+                return self._staging.nbytes
+        return 0
+
     def snapshot_counts(self) -> dict[str, int]:
         """A copy of the request counters."""
         return dict(self.counts)

@@ -27,3 +27,10 @@ def transfer_timeout_s(floor_s: float, nbytes: int, rate_bytes_per_s: float = MI
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     return floor_s + nbytes / rate_bytes_per_s
+
+
+def push_deadline_s(floor_s: float, nbytes: int, rate_bytes_per_s: float = MIN_TRANSFER_RATE_BYTES_PER_S) -> float:
+    """The controller's bound on one replica's load of `nbytes` (its LoadWeights deadline): `floor_s` plus the bytes
+    three times at `rate_bytes_per_s`, since a load may move them three times, each bounded by the replica at that
+    rate: a collective attempt, the ZeroMQ fetch it falls back to, and the copy into the model."""
+    return transfer_timeout_s(floor_s, 3 * nbytes, rate_bytes_per_s)

@@ -40,6 +40,7 @@ from fleetrl.step_metrics import done_fraction
 from fleetrl.trackers import TrackerSet
 from fleetrl.trackers.jsonl import SAMPLES_FILE, JsonlTracker
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from fleetrl.weights.timeouts import push_deadline_s
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,7 @@ class Orchestrator:
         self.auth_token = config.auth_token
         self.train_step_timeout_s = config.train_step_timeout_s
         self.weight_push_timeout_s = config.weight_push_timeout_s
+        self.push_bytes = 0  # bytes of the last version pushed (0: unknown); LoadWeights deadlines grow with them
         self.heartbeat_interval_s = config.heartbeat_interval_s
         self.start_timeout_s = config.start_timeout_s
         self.clock = clock
@@ -380,7 +382,7 @@ class Orchestrator:
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
             raise RunFailed(f"trainer failed to publish version {version}: {reason}") from None
-        await self.push_weights(int(reply.version), reply.weights_address)
+        await self.push_weights(int(reply.version), reply.weights_address, int(reply.weights_bytes))
         log.info("resumed at version %d: every replica serves it", version)
 
     # --- the loop ------------------------------------------------------------------------------
@@ -485,7 +487,9 @@ class Orchestrator:
         self.scheduler.step_trained(step)
         weight_update_time = 0.0
         if reply.published:
-            weight_update_time = await self.push_weights(int(reply.version), reply.weights_address)
+            weight_update_time = await self.push_weights(
+                int(reply.version), reply.weights_address, int(reply.weights_bytes)
+            )
             self.scheduler.publish(reply.version)
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
@@ -509,7 +513,7 @@ class Orchestrator:
         if self.evaluation and interval and step.step % interval == 0:
             await self.evaluate(self.scheduler.gate.version, wait=False)
 
-    async def push_weights(self, version: int, source: str) -> float:
+    async def push_weights(self, version: int, source: str, nbytes: int = 0) -> float:
         """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures. The
         fleet (fleetrl.controller.fleet) plans the push and judges each outcome; this runs the calls.
 
@@ -517,6 +521,8 @@ class Orchestrator:
         replica that answers again. Only replicas that all answered and refused the weights fail the run."""
         t0 = self.clock()
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
+        if nbytes > 0:  # the version's bytes (from the trainer's reply): each load's deadline scales with them
+            self.push_bytes = nbytes
         push = self.fleet.start_push(version, source, self.clock())
         # weight_transport "collective": the trainer broadcasts to all of them in one group (fleetrl.weights.collective)
         group_replicas = len(push.loads) if self.run_cfg.weight_transport == "collective" else 0
@@ -580,7 +586,8 @@ class Orchestrator:
             )
             if group_replicas > 0 and not plan.relay:
                 request.transport, request.group_replicas = "collective", group_replicas
-            return await stub.LoadWeights(request, timeout=self.weight_push_timeout_s + 5)
+            deadline_s = push_deadline_s(self.weight_push_timeout_s, self.push_bytes)  # the floor + the bytes
+            return await stub.LoadWeights(request, timeout=deadline_s + 5)
 
         source = plan.source
         try:

@@ -31,12 +31,13 @@ def parse_position(text: str) -> Any:
         raise ValueError(f"data_position must be JSON: {exc}") from None
 
 
-def step_to_proto(result: StepResult, weights_address: str) -> trainer_pb2.TrainStepResponse:
+def step_to_proto(result: StepResult, weights_address: str, weights_bytes: int = 0) -> trainer_pb2.TrainStepResponse:
     return trainer_pb2.TrainStepResponse(
         step=result.step,
         version=result.version,
         published=result.published,
         weights_address=weights_address,
+        weights_bytes=weights_bytes if result.published else 0,
         metrics=result.metrics,
         skipped_row_ids=result.skipped_row_ids,
         already_trained=result.already_trained,
@@ -83,7 +84,7 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         except Exception as exc:  # a failed step: the caller gets why; the service keeps serving
             logger.exception("TrainStep %d failed", request.step)
             await context.abort(grpc.StatusCode.INTERNAL, f"TrainStep {request.step} failed: {exc!r}")
-        return step_to_proto(result, service.weights_address)
+        return step_to_proto(result, service.weights_address, service.publisher.version_bytes(result.version))
 
     async def Publish(
         self, request: trainer_pb2.PublishRequest, context: grpc.aio.ServicerContext
@@ -93,7 +94,11 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
         except Exception as exc:  # e.g. the weight publisher's loop died: say so
             await context.abort(grpc.StatusCode.INTERNAL, f"Publish failed: {exc!r}")
         return trainer_pb2.PublishResponse(
-            version=version, weights_address=self._service.weights_address, checksum=checksum, publish_s=seconds
+            version=version,
+            weights_address=self._service.weights_address,
+            checksum=checksum,
+            publish_s=seconds,
+            weights_bytes=self._service.publisher.version_bytes(version),
         )
 
     async def SaveCheckpoint(

@@ -58,6 +58,7 @@ async def test_auto_steps_hook_publish_and_checkpoint(tiny_model_dir, tmp_path):
         assert published.version == 2 and published.weights_address == service.weights_address
         manifest, tensors = await asyncio.to_thread(fetch_weights, service.weights_address, 2, timeout_s=30)
         assert manifest.checksum == published.checksum
+        assert published.weights_bytes == manifest.total_bytes  # the controller's push deadline scales with them
         assert set(tensors) == set(service.trainer.model.state_dict())
         state = json.loads((tmp_path / "checkpoints" / "step-00000002" / "trainer_state.json").read_text())
         assert saved.version == 2 and state["data_position"] == {"cursor": 4}
