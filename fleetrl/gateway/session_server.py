@@ -123,7 +123,13 @@ class SessionServer:
         async with self._starting:
             if self._task is not None:
                 return
-            import uvicorn
+            try:
+                import fastapi  # noqa: F401  (the routes' framework: fleetrl.gateway.session_app)
+                import uvicorn
+            except ImportError as exc:
+                raise RuntimeError(
+                    f"agent sessions need FastAPI and uvicorn ({exc}): pip install 'fleetrl[http]'"
+                ) from exc
 
             class _Server(uvicorn.Server):
                 def capture_signals(self):  # the service owns SIGINT/SIGTERM, not uvicorn
