@@ -4,6 +4,7 @@ affinity key on every call, refusals naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import openai
@@ -12,6 +13,7 @@ from transformers import AutoTokenizer
 
 from fleetrl.gateway.session_server import SessionServer
 from fleetrl.sampler import SampledCompletion
+from fleetrl.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
 
 TOOLS = [
     {
@@ -143,3 +145,39 @@ async def test_calls_use_the_runs_sampling_settings_and_refuse_what_a_session_ca
     finally:
         await client.close()
         await server.close()
+
+
+class SeedRecordingSampler(ScriptedSampler):
+    """Records the seed the gateway's sampler would draw for each call (fleetrl.sampling_seed)."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        super().__init__(tokenizer, replies)
+        self.seeds: list[int | None] = []
+
+    async def sample_with_prompt_tokens(self, prompt, n=1, **kwargs):
+        self.seeds.append(next_rollout_seed())
+        return await super().sample_with_prompt_tokens(prompt, n, **kwargs)
+
+
+async def test_a_sessions_calls_are_seeded_from_the_rollout_that_opened_it_and_may_run_in_parallel(tokenizer):
+    sampler = SeedRecordingSampler(tokenizer, ["a", "b", "c", "d"])
+    server = SessionServer(sampler, tokenizer, sample_kwargs={"max_tokens": 4})
+    key = RolloutKey(run_seed=1, row_id=2, version=0, sample_index=3)
+    with rollout_seed_scope(key):
+        session = await server.open()
+    outside = await server.open()
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    other = openai.AsyncOpenAI(base_url=outside.base_url, api_key=outside.api_key, max_retries=0)
+    ask = {"model": "policy", "messages": [{"role": "user", "content": "x"}]}
+    try:
+        await asyncio.gather(client.chat.completions.create(**ask), client.chat.completions.create(**ask))
+        await client.chat.completions.create(**ask)
+        await other.chat.completions.create(**ask)
+    finally:
+        await client.close()
+        await other.close()
+        await server.close()
+    expected = [derive_seed(1, 2, 0, 3, call) for call in range(3)]
+    assert sorted(sampler.seeds[:2]) == sorted(expected[:2]) and sampler.seeds[2] == expected[2]
+    assert sampler.seeds[3] is None  # opened outside a rollout: unseeded, as the sampler is there
+    assert len(session.turns) == 3 and len(outside.turns) == 1
