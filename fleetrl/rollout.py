@@ -217,6 +217,9 @@ class RolloutSetup:
         inference_base_url, api_key: the gateway's OpenAI endpoint and its key (the cookbook's fields), set once
             the session server runs (after the first `open_session()`); calls there are served, not recorded.
         sessions: the agent session server (fleetrl.gateway.session_server), filled by the gateway.
+        judge_sampler, judge_base_url, judge_model, judge_api_key: the judge pool ([up] judge_model: frozen inference
+            replicas of another model, never sent weights) as a sampler with this interface and as an OpenAI
+            endpoint (fleetrl.gateway.judge); None without a judge.
     """
 
     tokenizer: Any = None
@@ -230,6 +233,10 @@ class RolloutSetup:
     inference_base_url: str | None = None
     api_key: str | None = None
     sessions: Any = None
+    judge_sampler: SamplerLike | None = None
+    judge_base_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key: str | None = None
 
     async def open_session(self) -> AgentSession:
         """A per-sample OpenAI endpoint that records every model call (fleetrl.agent_session): hand

@@ -42,6 +42,12 @@ class GatewayConfig(BaseModel):
         600.0, gt=0, description="How long to wait for controller_ready_file to appear."
     )
     gateway_id: str | None = Field(None, description="Unique id; None = gateway-<host>-<pid>.")
+    judge: list[str] = Field(
+        default_factory=list,
+        description="HOST:PORT of each judge replica (fleetrl up's judge pool): the rollout's setup.judge_sampler.",
+    )
+    judge_base_url: str | None = Field(None, description="The judge's OpenAI base URL (setup.judge_base_url).")
+    judge_model: str | None = Field(None, description="The judge's model (its tokenizer; setup.judge_model).")
     max_rows_in_flight: int | None = Field(
         None,
         ge=1,
@@ -105,6 +111,13 @@ class GatewayConfig(BaseModel):
                 f"run.completions_per_prompt = {g}: at most {MAX_COMPLETIONS_PER_PROMPT} (a row's samples are held "
                 "and sent together as one group)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_judge(self) -> GatewayConfig:
+        for name in ("judge_base_url", "judge_model"):
+            if getattr(self, name) is not None and not self.judge:
+                raise ValueError(f"{name}: a judge setting needs the judge replicas' addresses (--judge HOST:PORT)")
         return self
 
     @model_validator(mode="after")

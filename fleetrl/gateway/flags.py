@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--controller-ready-timeout", type=float, help="seconds to wait for that file (600)")
     parser.add_argument("--gateway-id", help="unique id (default gateway-<host>-<pid>)")
+    parser.add_argument("--judge", action="append", help="HOST:PORT of a judge replica (repeat for each)")
+    parser.add_argument("--judge-base-url", help="the judge pool's OpenAI base URL (http://host:port/v1)")
+    parser.add_argument("--judge-model", help="the judge's model path (its tokenizer), with --judge")
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
     parser.add_argument(
         "--rollout-timeout", type=float, help="seconds before a whole rollout is cancelled and dropped (default 600)"
@@ -59,6 +62,9 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                 "controller_ready_file": args.controller_ready_file,
                 "controller_ready_timeout_s": args.controller_ready_timeout,
                 "gateway_id": args.gateway_id,
+                "judge": args.judge,
+                "judge_base_url": args.judge_base_url,
+                "judge_model": args.judge_model,
                 "max_rows_in_flight": args.max_rows_in_flight,
                 "rollout_timeout_s": args.rollout_timeout,
                 "generate_timeout_s": args.generate_timeout,

@@ -37,6 +37,7 @@ from fleetrl.gateway.assembly import assemble_group
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.dynamic_filter import DynamicFilter
+from fleetrl.gateway.judge import attach_judge, load_judge_tokenizer
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     DATASET_CONTEXT_ARGS,
@@ -175,6 +176,9 @@ class Gateway:
             default_kwargs=self.run_cfg.sample_kwargs,
         )
         setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
+        # The judge pool (fleetrl up's [up] judge_model), before the factory runs: it may keep setup.judge_sampler.
+        judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
+        judge_sampler = attach_judge(setup, self.config, judge_tokenizer)
         self.rollout_fn = self.rollout_factory(setup)
         self.setup = setup
         self._set_context_args()
@@ -252,6 +256,8 @@ class Gateway:
             if setup.sessions is not None:  # the agent session server, if a rollout opened a session
                 await setup.sessions.close()
             await self.sampler.close()
+            if judge_sampler is not None:
+                await judge_sampler.close()
             if self._sender is not None:
                 self._sender.close()
             await channel.close()

@@ -92,6 +92,18 @@ class UpConfig(BaseModel):
         description="The GPU id of the reference service (CUDA_VISIBLE_DEVICES; one GPU), with reference_placement "
         "= 'service'; implies --device cuda. Required there when the trainer runs on CUDA.",
     )
+    judge_model: str | None = Field(
+        None,
+        description="A judge model (path or hub id) served by a pool of its own frozen inference replicas (never "
+        "sent weights); rollouts reach it as setup.judge_sampler and setup.judge_base_url (docs/guide.md).",
+    )
+    judge_replicas: int = Field(1, ge=1, description="Inference replicas of the judge pool (with judge_model).")
+    judge_engine: Literal["hf", "vllm"] | None = Field(
+        None, description="Inference engine of the judge replicas; None = engine (with judge_model)."
+    )
+    judge_args: list[str] = Field(
+        default_factory=list, description="Extra flags for each judge replica (with judge_model)."
+    )
 
     @property
     def trainer_ranks(self) -> int:
@@ -123,6 +135,7 @@ class UpConfig(BaseModel):
                 self.trainer_gpus, [i for ids in self.inference_gpus for i in ids], "trainer_gpus", "inference_gpus"
             )
         self._reference_layout()
+        self._judge_settings()
         tp = self.inference_tensor_parallel_size
         if tp > 1 and self.engine != "vllm":
             raise ValueError(
@@ -134,6 +147,21 @@ class UpConfig(BaseModel):
                 f"{[len(ids) for ids in self.inference_gpus]}"
             )
         return self
+
+    def _judge_settings(self) -> None:
+        """Judge settings without a judge_model would be silently ignored: refuse them, naming the field."""
+        if self.judge_model is not None:
+            if not self.judge_model.strip():
+                raise ValueError("judge_model: give the judge's path or hub id (or leave it unset)")
+            return
+        given = {
+            "judge_replicas": self.judge_replicas != 1,
+            "judge_engine": self.judge_engine is not None,
+            "judge_args": bool(self.judge_args),
+        }
+        for name, is_set in given.items():
+            if is_set:
+                raise ValueError(f"{name} is a judge pool setting: it needs judge_model (the judge to serve)")
 
     def _reference_layout(self) -> None:
         if self.reference_gpus is not None and self.reference_placement != "service":

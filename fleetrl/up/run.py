@@ -198,6 +198,8 @@ def launch(
         gateway_argv += up.gateway_args
         if up.dynamic_filter:
             gateway_argv += ["--dynamic-filter", up.dynamic_filter]
+        # The judge pool first: the gateways (started early below) are handed its addresses on their command line.
+        gateway_argv += judge_gateway_flags(up, start_judges(sup, run, up, threads))
         evaluation = user_spec(up.evaluation, config_path.parent) if up.evaluation else None
         early = objects is None and up.controller_address is None
         if early:
@@ -366,6 +368,41 @@ def reference_service_args(run: Config, up: UpConfig) -> list[str]:
     return ["--device", device, "--dtype", reference_dtype(run, up)]
 
 
+def start_judges(
+    sup: Supervisor, run: Config, up: UpConfig, threads: ThreadPlan | None, stream: Any = None
+) -> list[dict[str, Any]]:
+    """The judge pool ([up] judge_model): `judge_replicas` inference replicas of the judge (`judge-<i>`), frozen: the
+    controller is never told of them, so no version is ever pushed to them. Returns their ready-file infos (gRPC and
+    HTTP ports) once all serve; [] without a judge."""
+    if up.judge_model is None:
+        return []
+    engine = up.judge_engine or up.engine
+    env = threads.env("inference") if threads is not None and engine == "hf" else {}
+    judges = []
+    for i in range(up.judge_replicas):
+        args = ["--model", up.judge_model, "--engine", engine, *_pick_ports("grpc", "http", "metrics")]
+        args += ["--seed", str(run.seed + 1000 + i), "--dtype", run.inference_dtype or run.dtype, *up.judge_args]
+        judges.append(sup.start(f"judge-{i}", "inference", args, env=env))
+    with Startup(len(judges), stream=stream) as startup:
+        infos = []
+        for judge in judges:
+            startup.waiting(judge.name)
+            infos.append(sup.wait_ready(judge, up.startup_timeout_s))
+            startup.ready(judge)
+    return infos
+
+
+def judge_gateway_flags(up: UpConfig, judges: list[dict[str, Any]]) -> list[str]:
+    """The gateway flags that hand rollouts the judge pool: each replica's gRPC address (setup.judge_sampler), the
+    first one's OpenAI base URL (setup.judge_base_url) and the judge's model name."""
+    if not judges:
+        return []
+    flags = [flag for info in judges for flag in ("--judge", _address(info))]
+    first = judges[0]
+    flags += ["--judge-base-url", f"http://{first.get('host', '127.0.0.1')}:{first['http_port']}/v1"]
+    return [*flags, "--judge-model", str(up.judge_model)]
+
+
 def stack_size(run: Config, up: UpConfig) -> int:
     """Services `fleetrl up` waits for before gateways start: replicas, a reference service, trainer, controller."""
     return up.replicas + int(reference_service(run, up)) + 2
@@ -527,7 +564,7 @@ def _watch(
                     continue
                 sup.children.remove(child)
                 gateways.append(sup.start(name, "gateway", child.argv[5:], ready=False))  # same role, same flags
-            elif child.kind == "inference" and controller is not None:
+            elif child.kind == "inference" and controller is not None and not child.name.startswith("judge-"):
                 if replica_restarts >= up.max_replica_restarts:
                     raise ServiceFailed(child, f"{child.name} crashed (exit {code}) and the restart limit is reached")
                 replica_restarts += 1
@@ -662,6 +699,8 @@ def main(argv: list[str] | None = None) -> int:
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
             check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
             check_teacher_model(run)  # the teacher's tokenizer against the run's, before anything starts
+            if up.judge_model is not None:
+                check_model_path(up.judge_model, "up.judge_model")
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
