@@ -13,7 +13,10 @@ CPU replica (and one on a machine without NCCL to the trainer) goes through the 
   (fleetrl's worker extension fetches, verifies every tensor's checksum and checks names, shapes and dtypes against
   the served model first: services/inference/vllm_worker.py). Given `address` (and `auth_token`, `timeout_s`) and
   no `load_id`, it fetches the version from that weight stream itself, checked the same way: what a client that
-  knows only vLLM's API sends.
+  knows only vLLM's API sends. Given ``collective`` (the group a replica joined: ``weight_transport =
+  "collective"``, fleetrl.weights.collective), every worker receives the version by broadcast in
+  ``update_weights`` itself, checked the same way (fleetrl's engine stages it first instead, so that the broadcast
+  runs while generation continues).
 
 `update_weights` is overridden because the base class calls `torch.accelerator.synchronize()`, which raises on a
 machine without an accelerator; here it synchronizes only when there is one. Registration happens when this module
@@ -53,6 +56,10 @@ class StreamUpdateInfo(WeightTransferUpdateInfo):
     address: str = ""
     auth_token: str | None = None
     timeout_s: float = 120.0
+    # The collective transport (fleetrl.weights.collective): the group's offer, manifest (JSON text), rank_offset and
+    # world_size, as the replica's front end fills them after joining; every worker receives the version by
+    # broadcast (rank_offset + its local rank) inside update_weights.
+    collective: dict[str, Any] | None = None
 
 
 class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpdateInfo]):
@@ -85,6 +92,8 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
 
         if update_info.load_id:
             tensors = take_staged(update_info.load_id, update_info.version)
+        elif update_info.collective:
+            tensors = self._receive_collective(update_info)
         elif update_info.address:
             served = str(self.model_config.dtype).removeprefix("torch.")
             tensors = fetch_checked(
@@ -99,6 +108,24 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
         else:
             raise ValueError("update_info needs a load_id (a staged copy) or the weight stream's address")
         self.model.load_weights(iter(tensors))
+
+    def _receive_collective(self, update_info: StreamUpdateInfo) -> list[tuple[str, Any]]:
+        """Receive the version by broadcast now, checked as a staged load is (ValueError if not)."""
+        from fleetrl.services.inference.vllm_worker import (
+            STAGE_READY,
+            _receive_collective_into,
+            _Staged,
+            expected_weight_spec,
+        )
+
+        served = str(self.model_config.dtype).removeprefix("torch.")
+        spec = expected_weight_spec(self.model_config.hf_config, served, self.model_config.model)
+        staged = _Staged(load_id="direct", version=update_info.version)
+        rank = int(update_info.collective["rank_offset"]) + int(self.parallel_config.rank)
+        _receive_collective_into(staged, {"collective": update_info.collective}, spec, rank, shared=False)
+        if staged.state != STAGE_READY:
+            raise ValueError(f"weights version {update_info.version} by collective push: {staged.error}")
+        return staged.tensors
 
     def shutdown(self) -> None:
         """Nothing held between updates."""

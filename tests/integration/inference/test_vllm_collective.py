@@ -50,3 +50,45 @@ async def test_a_vllm_and_an_hf_replica_receive_a_version_in_one_group(vllm_engi
         await hf.shutdown()
         with WeightPublisher() as publisher:
             await conformance._restore(vllm_engine, publisher, original)
+
+
+async def test_vllms_update_weights_alone_receives_a_version_by_broadcast(vllm_engine, tiny_model_dir):
+    """What a client that knows only vLLM's weight-transfer API sends: update_weights with the group it joined; the
+    worker receives the version by broadcast inside the call (the "fleetrl_zmq" backend's `collective` field)."""
+    from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+    from fleetrl.weights.collective import join_group, request_group
+    from fleetrl.weights.manifest import encode_manifest
+
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=29)
+    request = SamplingRequest([8, 9, 10], n=2, max_tokens=12, seed=4)
+    llm = vllm_engine._llm
+    version = vllm_engine.loaded_version + 1
+    try:
+        with WeightPublisher() as publisher:
+            publisher.publish(version, new_state)
+            offer = await asyncio.to_thread(request_group, publisher.address, version, replicas=1, timeout_s=60)
+            membership = await asyncio.to_thread(join_group, offer, 1)
+            group = offer.to_json()
+            group.update(
+                manifest=encode_manifest(offer.manifest).decode(),
+                rank_offset=membership.rank_offset,
+                world_size=membership.world_size,
+            )
+            await llm.pause_generation(mode="keep", clear_cache=True)
+            try:
+                await llm.start_weight_update()
+                update = WeightTransferUpdateRequest(update_info={"version": version, "collective": group})
+                await asyncio.wait_for(llm.update_weights(update), 120)
+                await llm.finish_weight_update(str(version))
+            finally:
+                await llm.resume_generation()
+            assert publisher.collective_senders[0].done.wait(30)
+            assert publisher.snapshot_counts().get("bytes_served", 0) == 0
+        vllm_engine.loaded_version = version  # what fleetrl's engine records after its own swap
+        completions = await vllm_engine.generate(request)
+        conformance.assert_logprobs_match(conformance.load_reference(tiny_model_dir, new_state), request, completions)
+    finally:
+        with WeightPublisher() as publisher:
+            await conformance._restore(vllm_engine, publisher, original)
