@@ -18,7 +18,15 @@ it does not (the template re-renders the model's reply or tool calls differently
 history), the trajectory splits into segments as `RolloutRun` does, and the split is counted in the sample metric
 `session_splits` (`env/all/session_splits` per step; `session_turns` counts the calls).
 
-This module is pure logic (no sockets): the turns a session records and how they become segments.
+With `open_session(exact_history=True)` a call whose messages extend the previous call's (its messages, the reply
+the server returned, then only user, tool or system messages) is not re-rendered: its prompt is the previous prompt,
+the model's own completion, what the template closes a turn with, and the template's rendering of the appended
+messages (the cookbook's token-in/token-out assembly, fleetrl.message_trajectory), so the model sees exactly the
+tokens it generated and the turns join into one sample. A call that does not extend it (an edited history, other
+tools) is rendered whole, as without the option.
+
+This module is pure logic (no sockets): the turns a session records, how they become segments, and the appended
+prompt of an exact-history session.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetrl.message_trajectory import TITOTokenizer, TokenizationError, missing_turn_end
+from fleetrl.openai_chat import template_messages
 from fleetrl.rollout import RolloutRun, RolloutSample, RolloutSegment
 
 TURNS_METRIC = "session_turns"
@@ -98,6 +108,51 @@ def session_segments(turns: Sequence[SessionTurn]) -> list[RolloutSegment]:
     return segments
 
 
+def comparable_message(message: dict[str, Any]) -> dict[str, Any]:
+    """What of a message (in `template_messages` form) the chat template renders: role, text, name, and each tool
+    call's function name and arguments; ids and fields the client adds (refusal, annotations) are left out."""
+    out: dict[str, Any] = {"role": message.get("role"), "content": message.get("content") or ""}
+    if message.get("name"):
+        out["name"] = message["name"]
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [
+            ((c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")) for c in calls
+        ]
+    return out
+
+
+@dataclass(frozen=True)
+class ExactHistory:
+    """Where an exact-history session's last call left the conversation: its messages and the reply (as
+    `comparable_message`s), the tokens (prompt + completion) and the tools offered."""
+
+    messages: list[dict[str, Any]]
+    tokens: list[int]
+    tools: Any = None
+
+
+def appended_prompt(
+    tito: TITOTokenizer, history: ExactHistory | None, messages: Sequence[Any], tools: Any = None
+) -> list[int] | None:
+    """The next prompt as tokens appended to `history` when `messages` extend it with user, tool or system messages
+    only (and the same tools); None when they do not (render the messages whole)."""
+    if history is None or tools != history.tools:
+        return None
+    rendered = template_messages(messages)
+    n = len(history.messages)
+    if len(rendered) <= n or [comparable_message(m) for m in rendered[:n]] != history.messages:
+        return None
+    appended = rendered[n:]
+    if any(m.get("role") not in tito.allowed_append_roles for m in appended):
+        return None
+    try:
+        delta = tito.appended_tokens(appended, tools=tools)
+    except TokenizationError:
+        return None
+    return [*history.tokens, *missing_turn_end(history.tokens, tito.turn_end_tokens()), *delta]
+
+
 @dataclass
 class AgentSession:
     """One sample's OpenAI endpoint and what was called there (see the module docstring).
@@ -110,6 +165,8 @@ class AgentSession:
         model: the model name to pass (the run's served model).
         tokenizer_id: the run's tokenizer (a path or hub id), for an agent that counts tokens itself.
         turns: the recorded calls, in the order they finished.
+        exact_history: append a call that extends the previous one as tokens instead of re-rendering it.
+        history: where the last call left the conversation (exact-history sessions).
     """
 
     session_id: str
@@ -119,6 +176,8 @@ class AgentSession:
     tokenizer_id: str = ""
     turns: list[SessionTurn] = field(default_factory=list)
     closed: bool = False
+    exact_history: bool = False
+    history: ExactHistory | None = None
     context: Any = None  # the rollout's contextvars (its sampling seeds), which the session's calls run in
 
     def record(self, turn: SessionTurn) -> None:

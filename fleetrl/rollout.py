@@ -238,16 +238,17 @@ class RolloutSetup:
     judge_model: str | None = None
     judge_api_key: str | None = None
 
-    async def open_session(self) -> AgentSession:
+    async def open_session(self, *, exact_history: bool = False) -> AgentSession:
         """A per-sample OpenAI endpoint that records every model call (fleetrl.agent_session): hand
         `session.base_url`, `session.api_key` and `session.model` to an OpenAI-SDK agent, then return
-        `session.to_rollout_run(reward=...)`."""
+        `session.to_rollout_run(reward=...)`. `exact_history`: a call that extends the previous one is appended as
+        tokens, so the model sees exactly what it generated and the turns join."""
         if self.sessions is None:
             raise RuntimeError(
                 "open_session: this RolloutSetup has no session server; it is filled by the rollout gateway and "
                 "fleetrl eval (RolloutSetup.for_run)"
             )
-        session = await self.sessions.open()
+        session = await self.sessions.open(exact_history=exact_history)
         self.inference_base_url, self.api_key = self.sessions.base_url, self.sessions.api_key
         return session
 

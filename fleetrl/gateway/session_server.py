@@ -38,7 +38,8 @@ import time
 import uuid
 from typing import Any
 
-from fleetrl.agent_session import AgentSession, SessionTurn
+from fleetrl.agent_session import AgentSession, ExactHistory, SessionTurn, appended_prompt, comparable_message
+from fleetrl.message_trajectory import TITOTokenizer
 from fleetrl.openai_chat import (
     ChatRequestError,
     assistant_message,
@@ -46,6 +47,7 @@ from fleetrl.openai_chat import (
     chat_stop_ids,
     render_chat_prompt,
     stop_text_cut,
+    template_messages,
     token_logprobs,
 )
 
@@ -85,6 +87,7 @@ class SessionServer:
         self._starting = asyncio.Lock()
         self._stop_ids: tuple[int, ...] | None = None  # the tokenizer's end-of-turn ids, read at the first call
         self._warned_override = False
+        self._titos: dict[str, TITOTokenizer] = {}
 
     @property
     def base_url(self) -> str:
@@ -96,9 +99,10 @@ class SessionServer:
     def _url_host(self) -> str:
         return f"[{self.host}]" if ":" in self.host else self.host
 
-    async def open(self) -> AgentSession:
+    async def open(self, *, exact_history: bool = False) -> AgentSession:
         """A new session (the server started on first use). It runs its calls in the caller's context, so calls
-        made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed)."""
+        made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed). `exact_history`: a call
+        that extends the previous one is appended as tokens (fleetrl.agent_session)."""
         await self.start()
         # A session turned into a result is done: forget it (its endpoint then answers 404).
         self.sessions = {key: s for key, s in self.sessions.items() if not s.closed}
@@ -109,6 +113,7 @@ class SessionServer:
             api_key=self.api_key,
             model=self.model,
             tokenizer_id=self.tokenizer_id,
+            exact_history=exact_history,
             context=contextvars.copy_context(),
         )
         self.sessions[session_id] = session
@@ -195,11 +200,22 @@ class SessionServer:
         args["stop_token_ids"] = tuple(body.get("stop_token_ids") or ()) + self._stop_ids
         return args
 
+    def _tito(self, chat_template_kwargs: dict[str, Any]) -> TITOTokenizer:
+        """The token-in/token-out renderer of exact-history sessions (one per set of template arguments)."""
+        key = repr(sorted(chat_template_kwargs.items()))
+        if key not in self._titos:
+            self._titos[key] = TITOTokenizer(self.tokenizer, chat_template_kwargs=chat_template_kwargs)
+        return self._titos[key]
+
     async def chat(self, body: dict[str, Any], session: AgentSession | None) -> dict[str, Any]:
         """A chat.completion body for `body`, the call recorded in `session`."""
         tools = body.get("tools") or None
         kwargs = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
-        prompt = render_chat_prompt(self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs)
+        prompt = None
+        if session is not None and session.exact_history:
+            prompt = appended_prompt(self._tito(kwargs), session.history, body.get("messages") or [], tools)
+        if prompt is None:
+            prompt = render_chat_prompt(self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs)
         args = self.sampling_args(body, len(prompt))
         if session is not None:
             args["user"] = session.session_id
@@ -212,6 +228,10 @@ class SessionServer:
         message, finish = assistant_message(
             text, c.finish_reason, tools_offered=bool(tools), tool_choice=body.get("tool_choice")
         )
+        if session is not None and session.exact_history:
+            conversation = [*template_messages(body["messages"]), *template_messages([message])]
+            history = [comparable_message(m) for m in conversation]
+            session.history = ExactHistory(history, [*prompt, *generated], tools)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.get("logprobs"):
             choice["logprobs"] = token_logprobs(self.tokenizer.convert_ids_to_tokens(generated), c.inference_logprobs)

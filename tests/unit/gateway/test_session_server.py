@@ -181,3 +181,82 @@ async def test_a_sessions_calls_are_seeded_from_the_rollout_that_opened_it_and_m
     assert sorted(sampler.seeds[:2]) == sorted(expected[:2]) and sampler.seeds[2] == expected[2]
     assert sampler.seeds[3] is None  # opened outside a rollout: unseeded, as the sampler is there
     assert len(session.turns) == 3 and len(outside.turns) == 1
+
+
+async def run_tool_session(tokenizer, replies: list[str], exact_history: bool, edit_history: bool = False):
+    sampler = ScriptedSampler(tokenizer, replies)
+    server = SessionServer(sampler, tokenizer, sample_kwargs={"max_tokens": 64})
+    session = await server.open(exact_history=exact_history)
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "What is 1 + 2?"}]
+        first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": "c", "content": "3"})
+        if edit_history:
+            messages[0] = {"role": "user", "content": "What is 1 + 2? Be brief."}
+        await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+    finally:
+        await client.close()
+        await server.close()
+    return session, sampler
+
+
+def non_canonical(tokenizer, text: str) -> list[int]:
+    """Tokens of `text` that are not its canonical tokenization (its first multi-character token spelt one token per
+    character), as a sampled model may write it: decoded and re-encoded, they come back otherwise."""
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    for i, piece in enumerate(tokenizer.convert_ids_to_tokens(tokens)):
+        chars = [tokenizer.convert_tokens_to_ids(ch) for ch in piece]
+        if len(piece) > 1 and all(c is not None and c != tokenizer.unk_token_id for c in chars):
+            return [*tokens[:i], *chars, *tokens[i + 1 :]]
+    raise AssertionError(f"every token of {text!r} is one character")
+
+
+class NonCanonicalSampler(ScriptedSampler):
+    """Replies with the non-canonical tokens of each reply."""
+
+    async def sample_with_prompt_tokens(self, prompt, n=1, **kwargs):
+        self.calls.append((list(prompt), kwargs))
+        text = self.replies.pop(0)
+        tokens = [*non_canonical(self.tokenizer, text), self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        n_gen = len(tokens)
+        return [SampledCompletion([*prompt, *tokens], len(prompt), [-0.5] * n_gen, "stop", text, [0] * n_gen)]
+
+
+@pytest.mark.parametrize("exact_history", [True, False])
+async def test_an_exact_history_session_appends_the_next_call_to_the_models_own_tokens(tokenizer, exact_history):
+    replies = ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "The answer is 3."]
+    sampler = NonCanonicalSampler(tokenizer, replies)
+    server = SessionServer(sampler, tokenizer, sample_kwargs={"max_tokens": 64})
+    session = await server.open(exact_history=exact_history)
+    client = openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0)
+    try:
+        messages = [{"role": "user", "content": "What is 1 + 2?"}]
+        first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        assert first.choices[0].finish_reason == "tool_calls"
+        messages.append(first.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": "c", "content": "3"})
+        await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+    finally:
+        await client.close()
+        await server.close()
+    one, two = session.turns
+    so_far = one.prompt_token_ids + one.completion_token_ids
+    assert "<tool_response>\n3\n</tool_response>" in tokenizer.decode(two.prompt_token_ids)
+    if exact_history:  # the model sees its own tokens, verbatim, and the turns join into one sample
+        assert two.prompt_token_ids[: len(so_far)] == so_far
+        assert session.metrics()["session_splits"] == 0.0
+        sample = session.to_rollout_sample(reward=1.0)
+        assert sum(sample.loss_mask) == len(one.completion_token_ids) + len(two.completion_token_ids)
+    else:  # re-rendered: the template spells the reply canonically, so the second call starts a new sample
+        assert two.prompt_token_ids[: len(so_far)] != so_far
+        assert session.metrics()["session_splits"] == 1.0
+
+
+async def test_an_exact_history_session_renders_an_edited_history_whole(tokenizer):
+    replies = ['<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>', "3"]
+    session, sampler = await run_tool_session(tokenizer, replies, exact_history=True, edit_history=True)
+    second_prompt = sampler.calls[1][0]
+    assert tokenizer.decode(second_prompt).count("Be brief.") == 1  # the whole edited history, rendered
+    assert session.metrics()["session_splits"] == 1.0
