@@ -33,9 +33,10 @@ def score(answer: str, expected: int) -> float:
 def make_rollout_fn(setup: RolloutSetup):  # type: ignore[no-untyped-def]
     record_path = setup.extras.get("record_path")
     max_turns = int(setup.extras.get("max_turns", 3))
+    exact_history = bool(setup.extras.get("exact_history", False))
 
     async def rollout_fn(row: dict[str, Any]) -> RolloutRun:
-        session = await setup.open_session()
+        session = await setup.open_session(exact_history=exact_history)
         async with openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0) as client:
             answer = await solve(client, session.model, row["question"], max_turns=max_turns)
         run = session.to_rollout_run(reward=score(answer, int(row["answer"])))
