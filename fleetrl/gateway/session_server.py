@@ -7,7 +7,8 @@
     run = session.to_rollout_run(reward=r)
     await sessions.close()
 
-Each call renders the chat template over the request's messages and tools (fleetrl.openai_chat), samples through the
+Each call renders the chat template over the request's messages and tools (fleetrl.openai_chat; in an
+`exact_history` session a call that extends the previous one is appended as tokens instead), samples through the
 gateway's `Sampler` with the session id as its affinity key (so the session keeps to one replica, for its prefix
 cache, while that replica is routable, and moves only when it is fenced or fails the call: the sampler's `user=`),
 records the prompt ids, the generated ids verbatim, their logprobs and versions, and answers in the OpenAI format
