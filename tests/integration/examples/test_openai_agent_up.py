@@ -2,7 +2,7 @@
 through `fleetrl up` on the tiny model, and what the trainer gets is what the replica generated: every trained token
 and logprob is one the server recorded for the session (each once, in order), and the trainer's own logprobs of those
 tokens agree with the sampler's (optim/kl_sample_train_v1 ~ 0: strictly on-policy, so a token re-tokenised or
-shifted by one would show as a large KL)."""
+shifted by one would show as a large KL). With exact_history the turns join: no split, one sample per trajectory."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from tests.integration.up.conftest import REPO, read_metrics
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("exact_history", [False, True])
+def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model_dir, tmp_path, exact_history):
     record = tmp_path / "sessions.jsonl"
     sets = {
         "base_model": tiny_model_dir,
@@ -26,7 +27,8 @@ def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model
         "max_head_offpolicy_versions": 0,
     }
     overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    overrides += ["--set", f"rollout_extras={{record_path = {json.dumps(str(record))}, max_turns = 3}}"]
+    extras = f"record_path = {json.dumps(str(record))}, max_turns = 3, exact_history = {str(exact_history).lower()}"
+    overrides += ["--set", f"rollout_extras={{{extras}}}"]
     result = subprocess.run(
         [sys.executable, "-m", "fleetrl", "up", str(REPO / "examples/openai_agent/run.toml"), *overrides],
         cwd=REPO,
@@ -39,7 +41,10 @@ def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert m["env/all/session_turns"] >= 2.0  # multi-turn: the agent asks again at least once
-        assert "env/all/session_splits" in m
+        if exact_history:  # every call extends the last: appended as tokens, one sample per trajectory
+            assert m["env/all/session_splits"] == 0.0
+        else:
+            assert "env/all/session_splits" in m
         assert abs(m["optim/kl_sample_train_v1"]) < 1e-3, m["optim/kl_sample_train_v1"]
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) >= 16
