@@ -31,6 +31,12 @@ CASES = {
     "tool_use": (["--num-rows", "16", "--tool-latency", "0.05"], "env/all/tool_error_frac", (0.0, 1.0)),
     # A Tinker env through fleetrl.tinker: its logging tag files the metrics under env/addition/.
     "tinker_env": (["--num-batches", "4"], "env/addition/reward/total", (0.0, 1.1)),
+    # An unmodified OpenAI-SDK agent through agent sessions; exact_history joins its turns: one sample per trajectory.
+    "openai_agent": (
+        ["--set", "rollout_extras={max_turns = 3, exact_history = true}"],
+        "env/all/session_turns",
+        (2.0, 3.0),
+    ),
 }
 
 
