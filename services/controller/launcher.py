@@ -37,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--lease-timeout", type=float, help="seconds before an unreported row is requeued")
     parser.add_argument("--heartbeat-timeout", type=float, help="seconds of silence before a member is dead")
+    parser.add_argument(
+        "--heartbeat-interval", type=float, help="seconds between member heartbeats and Status polls (default 2)"
+    )
     parser.add_argument("--stall-timeout", type=float, help="seconds without a reported row or a step: fail the run")
     parser.add_argument(
         "--max-stale-attempts", type=int, help="leases of a row that keeps coming back stale before it is dropped"
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                 "restart_weights": args.restart_weights or None,
                 "lease_timeout_s": args.lease_timeout,
                 "heartbeat_timeout_s": args.heartbeat_timeout,
+                "heartbeat_interval_s": args.heartbeat_interval,
                 "stall_timeout_s": args.stall_timeout,
                 "trainer_patience_s": args.trainer_patience,
                 "max_stale_attempts": args.max_stale_attempts,
