@@ -37,6 +37,7 @@ import secrets
 import socket
 import time
 import uuid
+import weakref
 from typing import Any
 
 from fleetrl.agent_session import AgentSession, ExactHistory, SessionTurn, appended_prompt, comparable_message
@@ -81,7 +82,8 @@ class SessionServer:
         self.host = host
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.api_key = f"fleetrl-session-{secrets.token_hex(16)}"
-        self.sessions: dict[str, AgentSession] = {}
+        # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept).
+        self.sessions: weakref.WeakValueDictionary[str, AgentSession] = weakref.WeakValueDictionary()
         self.port: int | None = None
         self._server: Any = None
         self._task: asyncio.Task[Any] | None = None
@@ -105,8 +107,8 @@ class SessionServer:
         made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed). `exact_history`: a call
         that extends the previous one is appended as tokens (fleetrl.agent_session)."""
         await self.start()
-        # A session turned into a result is done: forget it (its endpoint then answers 404).
-        self.sessions = {key: s for key, s in self.sessions.items() if not s.closed}
+        for key in [key for key, s in self.sessions.items() if s.closed]:  # turned into a result: done (404 now)
+            self.sessions.pop(key, None)
         session_id = uuid.uuid4().hex
         session = AgentSession(
             session_id=session_id,

@@ -5,6 +5,7 @@ affinity key on every call, refusals naming the field."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 
 import openai
@@ -260,3 +261,18 @@ async def test_an_exact_history_session_renders_an_edited_history_whole(tokenize
     second_prompt = sampler.calls[1][0]
     assert tokenizer.decode(second_prompt).count("Be brief.") == 1  # the whole edited history, rendered
     assert session.metrics()["session_splits"] == 1.0
+
+
+async def test_sessions_are_kept_only_while_open_and_held(tokenizer):
+    server = SessionServer(ScriptedSampler(tokenizer, []), tokenizer)
+    try:
+        done, dropped, held = await server.open(), await server.open(), await server.open()
+        done.closed = True  # as to_rollout_run leaves it
+        dropped_id = dropped.session_id
+        del dropped  # a rollout that failed half-way: nothing holds its session any more
+        gc.collect()
+        await server.open()
+        assert done.session_id not in server.sessions and dropped_id not in server.sessions
+        assert server.sessions[held.session_id] is held
+    finally:
+        await server.close()
