@@ -14,7 +14,8 @@ that never came.
 
 **Buckets.** The version's tensors (the manifest's order) are packed into buckets of at most ``bucket_bytes``,
 each tensor at an aligned offset; a tensor bigger than a bucket is split over several. Sender and receivers compute
-the same layout from the manifest, so only the bytes cross the group.
+the same layout from the manifest, so only the bytes cross the group. Within a bucket, ``plan_ops`` sends each large
+piece on its own (from the trainer's snapshot, no copy) and packs only runs of small ones.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "claimed_rank_offset",
     "flat_layout",
     "plan_buckets",
+    "plan_ops",
     "world_size_at_close",
 ]
 
@@ -112,6 +114,26 @@ def plan_buckets(sizes: Sequence[int], bucket_bytes: int) -> tuple[Bucket, ...]:
             start = stop
     flush()
     return tuple(buckets)
+
+
+def plan_ops(bucket: Bucket, small_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The broadcasts of one bucket, as byte ranges of it: each piece of at least `small_bytes` alone (the sender
+    broadcasts it from where it lies, no copy), each run of consecutive smaller pieces together (packed once).
+    Sender and receivers compute the same ranges, so each broadcast has the same size on every rank."""
+    ops: list[tuple[int, int]] = []
+    run: tuple[int, int] | None = None
+    for piece in bucket.pieces:
+        end = piece.offset + piece.stop - piece.start
+        if piece.stop - piece.start >= small_bytes:
+            if run is not None:
+                ops.append(run)
+                run = None
+            ops.append((piece.offset, end))
+        else:
+            run = (piece.offset, end) if run is None else (run[0], end)
+    if run is not None:
+        ops.append(run)
+    return tuple(ops)
 
 
 def flat_layout(sizes: Sequence[int]) -> tuple[tuple[int, ...], int]:

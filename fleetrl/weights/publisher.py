@@ -198,6 +198,9 @@ class WeightPublisher(WeightStreamServer):
         if self._stager is not None:  # a version being staged finishes first (its Future is someone's)
             self._stager.shutdown(wait=True)
         self._stop_serving(timeout_s)
+        for sender in self._groups.values():  # the loop has stopped: no new group opens now
+            sender.cancel(timeout_s)
+        self._groups.clear()
         with self._lock:
             self._versions.clear()
         self._raise_if_failed()

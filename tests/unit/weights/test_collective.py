@@ -79,6 +79,7 @@ def test_a_replica_after_the_close_is_told_to_use_the_stream_and_the_next_push_o
         assert again.group != first.group
         late = join_group(again, 1)
         assert late is not None and late.rank_offset == 1
+        receive_state_dict(again, late)
 
 
 def test_a_worker_pair_claims_two_ranks_and_each_receives_into_its_buffer() -> None:
@@ -146,3 +147,12 @@ def test_the_collective_request_needs_the_token() -> None:
         assert raised.value.reason == "auth"
         offer = request_group(publisher.address, 1, replicas=1, timeout_s=10, auth_token="secret")
         assert offer.manifest.version == 1
+
+
+def test_closing_the_publisher_cancels_a_group_still_waiting_for_replicas() -> None:
+    publisher = WeightPublisher(collective_join_timeout_s=600)
+    publisher.publish(1, _state_dict())
+    request_group(publisher.address, 1, replicas=2, timeout_s=30)  # nobody joins: the group waits its window
+    (sender,) = publisher.collective_senders
+    publisher.close(timeout_s=5)
+    assert sender.done.is_set() and "cancelled" in sender.error  # not left polling until the window ends

@@ -12,6 +12,7 @@ from fleetrl.weights.collective_plan import (
     claimed_rank_offset,
     flat_layout,
     plan_buckets,
+    plan_ops,
     world_size_at_close,
 )
 
@@ -105,3 +106,19 @@ def test_bucket_bytes_must_be_an_aligned_positive_size() -> None:
 
 def test_flat_layout_aligns_each_tensor() -> None:
     assert flat_layout([10, 64, 0, 1]) == ((0, 64, 128, 128), 192)
+
+
+def test_ops_send_large_pieces_alone_and_pack_runs_of_small_ones() -> None:
+    (bucket,) = plan_buckets([10, 20, 5000, 30, 40, 6000, 7], 1 << 16)
+    ops = plan_ops(bucket, 1000)
+    offsets = [p.offset for p in bucket.pieces]
+    ends = [p.offset + p.stop - p.start for p in bucket.pieces]
+    assert ops == (
+        (offsets[0], ends[1]),  # the two small ones before the first large one, packed
+        (offsets[2], ends[2]),
+        (offsets[3], ends[4]),
+        (offsets[5], ends[5]),
+        (offsets[6], ends[6]),
+    )
+    assert plan_ops(bucket, 1) == tuple((o, e) for o, e in zip(offsets, ends, strict=True))  # nothing small
+    assert plan_ops(bucket, 1 << 20) == ((0, bucket.nbytes),)  # everything small: one packed broadcast
