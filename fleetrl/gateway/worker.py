@@ -178,7 +178,7 @@ class Gateway:
         setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
         # The judge pool (fleetrl up's [up] judge_model), before the factory runs: it may keep setup.judge_sampler.
         judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
-        judge_sampler = attach_judge(setup, self.config, judge_tokenizer)
+        judge_sampler = self.judge_sampler = attach_judge(setup, self.config, judge_tokenizer)  # on its /metrics
         self.rollout_fn = self.rollout_factory(setup)
         self.setup = setup
         self._set_context_args()

@@ -51,3 +51,20 @@ async def test_attach_judge_gives_the_rollout_a_sampler_over_the_judges_only(tok
     await judge.close()
     plain = RolloutSetup()
     assert attach_judge(plain, _config(), tokenizer) is None and plain.judge_sampler is None
+
+
+def test_the_gateway_reports_its_judge_calls_on_metrics() -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from fleetrl.services.gateway.metrics import GatewayMetrics
+
+    judge = SimpleNamespace(calls=7, retries=2)
+    gateway = SimpleNamespace(counters={}, row_seconds_sum=0.0, breaker=SimpleNamespace(is_open=False))
+    registry = CollectorRegistry()
+    GatewayMetrics(registry, gateway)
+    assert registry.get_sample_value("fleetrl_gateway_judge_calls_total") is None  # no judge pool, no series
+    gateway.judge_sampler = judge
+    assert registry.get_sample_value("fleetrl_gateway_judge_calls_total") == 7
+    assert registry.get_sample_value("fleetrl_gateway_judge_retries_total") == 2
