@@ -12,6 +12,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from fleetrl import Config, RolloutSetup
 from fleetrl.gateway.session_server import SessionServer
 from fleetrl.sampler import SampledCompletion
 from fleetrl.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
@@ -276,3 +277,22 @@ async def test_sessions_are_kept_only_while_open_and_held(tokenizer):
         assert server.sessions[held.session_id] is held
     finally:
         await server.close()
+
+
+async def test_the_runs_setup_carries_the_cookbooks_endpoint_fields_and_opens_sessions(tokenizer, tiny_model_dir):
+    run = Config(base_model=tiny_model_dir, dataset="unused", max_completion_tokens=5)
+    setup = RolloutSetup.for_run(run, tokenizer, ScriptedSampler(tokenizer, ["unrecorded"]))
+    assert (setup.model, setup.tokenizer_id) == ("policy", tiny_model_dir)
+    assert setup.inference_base_url is None and setup.api_key is None  # until the server runs
+    try:
+        session = await setup.open_session()
+        assert setup.inference_base_url.endswith("/v1") and setup.api_key == session.api_key
+        assert session.base_url.startswith(setup.inference_base_url.removesuffix("/v1") + "/sessions/")
+        async with openai.AsyncOpenAI(base_url=setup.inference_base_url, api_key=setup.api_key, max_retries=0) as c:
+            reply = await c.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "x"}])
+        assert reply.choices[0].message.content == "unrecorded" and session.turns == []  # served, recorded nowhere
+        assert setup.sessions.sampler.calls[0][1]["max_tokens"] == 5  # the run's max_completion_tokens
+    finally:
+        await setup.sessions.close()
+    with pytest.raises(RuntimeError, match="open_session: this RolloutSetup has no session server"):
+        await RolloutSetup().open_session()
