@@ -8,7 +8,7 @@
 # requirements then pick the CUDA torch it was built against.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-extras="http,plot,parquet,lora,trackers"
+extras="http,agents,plot,parquet,lora,trackers"
 [ "${1:-}" = "test" ] && extras="$extras,test"
 if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; }; then
   # Debian tools the deployment tests drive for real: docker-compose (validates the compose file) and
