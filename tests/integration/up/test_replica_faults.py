@@ -64,7 +64,9 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
         # Long completions keep Generate calls in flight (a row's calls go out as one request), so some are on the
         # replica when it stops.
         {
-            "max_steps": 40,
+            # Enough steps that the run cannot end before the fence and three steps after it (it is held from
+            # then until the replica is back); 40 steps only ran on longer after that.
+            "max_steps": 20,
             "max_head_offpolicy_versions": 1,
             "rollout_extras": {"tool_latency_s": 0.1, "hold_file": str(hold)},
             "max_completion_tokens": 48,
@@ -74,8 +76,10 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
             "rollout": "tests.integration.up.rollouts:make_held_rollout_fn",
             "replicas": 2,
             # The default Generate timeout is 120 s: calls stuck on the stopped replica must move when it is fenced.
+            # Status polls every 1 s instead of 2 s: the fence (two missed polls) comes in ~3 s instead of ~7 s.
+            "controller_args": ["--heartbeat-interval", "1"],
         },
-        n_rows=120,
+        n_rows=60,
     )
     run_dir = tmp_path / "run"
     proc = start_fleetrl_up(config)
@@ -103,7 +107,7 @@ def test_a_stopped_replica_is_fenced_and_the_run_goes_on(tmp_path, tiny_model_di
             proc.kill()
     assert proc.returncode == 0, err[-3000:]
     steps = [m for m in read_metrics(run_dir) if "train/loss" in m]
-    assert [m["step"] for m in steps] == list(range(1, 41))
+    assert [m["step"] for m in steps] == list(range(1, 21))
     assert all(m["async/version_offset_max"] <= 1 for m in steps)
     # No row waited out the 120 s Generate timeout: calls stuck on the stopped replica moved to the other as soon as
     # it was fenced (the mechanism is unit-tested: test_calls_in_flight_to_a_fenced_replica_move_to_another_at_once).
