@@ -31,13 +31,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
+    from tests.integration.up.test_replica_faults import wait_for_text
+
+    hold = tmp_path / "hold"
     config = write_run(
         tmp_path,
         tiny_model_dir,
-        {"max_steps": 5, "max_head_offpolicy_versions": 1, "rollout_extras": {"tool_latency_s": 0.3}},
+        {
+            "max_steps": 5,
+            "max_head_offpolicy_versions": 1,
+            "rollout_extras": {"tool_latency_s": 0.3, "hold_file": str(hold)},
+        },
         {
             "gateways": 2,
-            "rollout": "tests.integration.up.rollouts:make_slow_rollout_fn",
+            "rollout": "tests.integration.up.rollouts:make_held_rollout_fn",
             "controller_args": ["--lease-timeout", "120", "--heartbeat-timeout", "5"],
             "gateway_args": ["--max-rows-in-flight", "1"],  # both gateways always hold a row
             "auth_token": "s3cret-token",
@@ -48,6 +55,9 @@ def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
     proc = start_fleetrl_up(config)
     try:
         wait_for_steps(proc, run_dir, 1)
+        # Held still until the replacement gateway has joined: the run cannot finish first (it did once, and
+        # `fleetrl up` then waited out 15 s for a gateway started after the run's end).
+        hold.touch()
         # A client without the run's token is refused by the controller.
         ready = (run_dir / "ready" / "controller.json").read_text()
         address = __import__("json").loads(ready)["address"]
@@ -57,6 +67,8 @@ def test_kill_one_of_two_gateways_mid_run(tmp_path, tiny_model_dir):
         victims = service_pids(config, "gateway")
         assert len(victims) == 2
         os.kill(victims[0], signal.SIGKILL)
+        wait_for_text(run_dir / "gateway-r1.log", "started (controller", proc, timeout_s=240)
+        hold.unlink()
         _out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
