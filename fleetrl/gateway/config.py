@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fleetrl.config import Config, ConfigError, build_service_config
 
@@ -112,6 +112,17 @@ class GatewayConfig(BaseModel):
                 "and sent together as one group)"
             )
         return self
+
+    @field_validator("judge", mode="before")
+    @classmethod
+    def _no_empty_judges(cls, value: Any) -> Any:
+        """An empty --judge (compose's unset FLEETRL_JUDGE) means none."""
+        return [v for v in value if v] if isinstance(value, list) else value
+
+    @field_validator("judge_base_url", "judge_model", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return value or None
 
     @model_validator(mode="after")
     def _check_judge(self) -> GatewayConfig:

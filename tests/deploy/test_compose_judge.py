@@ -1,0 +1,61 @@
+"""docker-compose.yml with a judge pool (issue 32 part 3): the opt-in profile `judge` runs a frozen inference
+replica of FLEETRL_JUDGE_DIR (mounted at /models/judge) under the service name `judge`, never listed to the
+controller; the gateways take it from FLEETRL_JUDGE / FLEETRL_JUDGE_BASE_URL / FLEETRL_JUDGE_MODEL (unset: no judge,
+the empty flags mean none)."""
+
+from __future__ import annotations
+
+from tests.deploy.conftest import COMPOSE_FILE
+from tests.deploy.from_compose import load_compose
+from tests.deploy.test_compose import env_example
+
+
+def gateway_config(command: list) -> object:
+    """The GatewayConfig of the gateway's judge flags as compose writes them (the run config is the test's own:
+    the command's --config names a file inside the container)."""
+    from fleetrl import Config
+    from fleetrl.gateway.config import GatewayConfig
+
+    command = [str(a) for a in command]
+    assert command[:2] == ["serve", "gateway"]
+    judges = [command[i + 1] for i, a in enumerate(command) if a == "--judge"]
+    assert len(judges) == 1  # one flag, empty when unset
+
+    def value(flag: str) -> str:
+        return command[command.index(flag) + 1]
+
+    return GatewayConfig(
+        run=Config(base_model="m"),
+        rollout="m:f",
+        judge=judges,
+        judge_base_url=value("--judge-base-url"),
+        judge_model=value("--judge-model"),
+    )
+
+
+def test_the_gateways_have_no_judge_unless_the_env_names_one() -> None:
+    services = load_compose(COMPOSE_FILE, env_example())["services"]
+    config = gateway_config(services["gateway"]["command"])
+    assert (config.judge, config.judge_base_url, config.judge_model) == ([], None, None)
+    env = env_example() | {
+        "FLEETRL_JUDGE": "judge:50051",
+        "FLEETRL_JUDGE_BASE_URL": "http://judge:8000/v1",
+        "FLEETRL_JUDGE_MODEL": "/models/judge",
+    }
+    config = gateway_config(load_compose(COMPOSE_FILE, env)["services"]["gateway"]["command"])
+    assert (config.judge, config.judge_base_url, config.judge_model) == (
+        ["judge:50051"],
+        "http://judge:8000/v1",
+        "/models/judge",
+    )
+
+
+def test_the_judge_service_is_a_frozen_replica_of_the_judge_model() -> None:
+    env = env_example() | {"FLEETRL_JUDGE_DIR": "./models/judge"}
+    services = load_compose(COMPOSE_FILE, env)["services"]
+    judge = services["judge"]
+    assert judge["profiles"] == ["judge"]
+    command = [str(a) for a in judge["command"]]
+    assert command[:2] == ["serve", "inference"] and command[command.index("--model") + 1] == "/models/judge"
+    assert "./models/judge:/models/judge:ro" in judge["volumes"]
+    assert "judge" not in " ".join(str(a) for a in services["controller"]["command"])  # never sent weights
