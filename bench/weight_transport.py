@@ -2,7 +2,7 @@
 
 Command (from the repository root; about 2 minutes on 2 cores):
 
-    python bench/weight_transport.py [--sizes-mb 100,500] [--receivers 1,2] [--repeats 3] [--bucket-mib 256]
+    python bench/weight_transport.py [--sizes-mb 100,500] [--receivers 1,2] [--repeats 3] [--bucket-mib 64]
 
 The trainer's ``WeightPublisher`` runs in this process, each replica in its own process (as inference servers
 do). For every size and receiver count it publishes a fresh version per trial and times, interleaved (the order
