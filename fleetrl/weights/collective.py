@@ -193,7 +193,9 @@ class CollectiveSender:
         self.join_timeout_s = join_timeout_s
         self.timeout_s = timeout_s
         self.expected_replicas = expected_replicas
-        self.group = f"v{manifest.version}-{token_hex(4)}"
+        # The name prefixes every key of the group in the store: unguessable, so only a replica the weight stream
+        # gave the offer (auth token checked there) finds the group's keys.
+        self.group = f"v{manifest.version}-{token_hex(16)}"
         self.buckets = plan_buckets([t.nbytes for t in manifest.tensors], bucket_bytes)
         self._payloads = payloads
         self._budget_s = transfer_timeout_s(timeout_s, manifest.total_bytes)
