@@ -58,6 +58,26 @@ _START_TIMEOUT_S = 30.0
 _RUN_SETTINGS = ("temperature", "top_p", "top_k")
 
 
+_UNSUPPORTED = {
+    "response_format": "structured outputs are not supported in a session; leave it out or {'type': 'text'}",
+    "logit_bias": "the sampled distribution must be the run's (the trainer's importance ratios assume it)",
+    "presence_penalty": "the sampled distribution must be the run's (the trainer's importance ratios assume it)",
+    "frequency_penalty": "the sampled distribution must be the run's (the trainer's importance ratios assume it)",
+    "top_logprobs": "only the sampled token's logprob is returned (logprobs=True)",
+    "functions": "the legacy functions API is not supported; pass tools",
+}
+
+
+def refuse_unsupported(body: dict[str, Any]) -> None:
+    """A request field a session cannot honour, set to something other than its neutral value, is refused naming
+    it (never ignored: the agent would get another behaviour than it asked for)."""
+    for name, why in _UNSUPPORTED.items():
+        value = body.get(name)
+        neutral = value in (None, 0, {}, []) or (name == "response_format" and value == {"type": "text"})
+        if not neutral:
+            raise ChatRequestError(f"{name}: {why}")
+
+
 class SessionServer:
     """Per-sample OpenAI endpoints over a `Sampler` (see the module docstring)."""
 
@@ -183,6 +203,7 @@ class SessionServer:
         n = body.get("n", 1)
         if n not in (None, 1):
             raise ChatRequestError(f"n: a session call samples one completion, got {n}")
+        refuse_unsupported(body)
         if body.get("model") not in (None, self.model):
             raise ChatRequestError(f"model: unknown model {body.get('model')!r}; serving {self.model!r}")
         overridden = [k for k in _RUN_SETTINGS if body.get(k) is not None and body[k] != self.sample_kwargs.get(k)]

@@ -131,6 +131,13 @@ async def test_calls_use_the_runs_sampling_settings_and_refuse_what_a_session_ca
             await client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
         with pytest.raises(openai.BadRequestError, match="messages"):
             await client.chat.completions.create(model="policy", messages=[])
+        ask = {"model": "policy", "messages": [{"role": "user", "content": "x"}]}
+        with pytest.raises(openai.BadRequestError, match="response_format: structured outputs"):
+            await client.chat.completions.create(**ask, response_format={"type": "json_object"})
+        with pytest.raises(openai.BadRequestError, match="presence_penalty: the sampled distribution"):
+            await client.chat.completions.create(**ask, presence_penalty=0.5)
+        with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+            await client.chat.completions.create(**ask, logprobs=True, top_logprobs=3)
         wrong_key = openai.AsyncOpenAI(base_url=session.base_url, api_key="nope", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             await wrong_key.chat.completions.create(model="policy", messages=[{"role": "user", "content": "x"}])
