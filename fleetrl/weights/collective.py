@@ -39,6 +39,7 @@ import zmq
 from fleetrl.weights.collective_plan import (
     CLOSED,
     DEFAULT_BUCKET_BYTES,
+    JOIN_TIMEOUT_S,
     Bucket,
     claimed_rank_offset,
     flat_layout,
@@ -65,7 +66,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-JOIN_TIMEOUT_S = 10.0  # how long a group waits for the replicas it expects before it closes with those present
 BACKENDS = ("gloo", "nccl")
 # gloo moves a large tensor far slower than the same bytes in 8 MiB operations on this VM: 0.8 GB/s per 64 MiB op vs
 # 3.1 GB/s per 8 MiB op, 2.2 GB/s at 4 and 16 MiB (two processes over loopback, pre-faulted buffers, 196 MB).

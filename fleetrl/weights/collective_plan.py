@@ -26,6 +26,7 @@ from dataclasses import dataclass
 __all__ = [
     "CLOSED",
     "DEFAULT_BUCKET_BYTES",
+    "JOIN_TIMEOUT_S",
     "WEIGHT_TRANSPORTS",
     "Bucket",
     "Piece",
@@ -38,6 +39,7 @@ __all__ = [
 
 WEIGHT_TRANSPORTS = ("zmq", "collective")
 DEFAULT_BUCKET_BYTES = 64 << 20
+JOIN_TIMEOUT_S = 10.0  # how long a group waits for the replicas it expects before it closes with those present
 CLOSED = 1 << 40  # added to the rank counter to close a group; far above any number of ranks
 _ALIGN = 64
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import zmq
 
-from fleetrl.weights.collective_plan import DEFAULT_BUCKET_BYTES
+from fleetrl.weights.collective_plan import DEFAULT_BUCKET_BYTES, JOIN_TIMEOUT_S
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
 from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
@@ -31,8 +31,6 @@ from fleetrl.weights.staging import HostStaging
 from fleetrl.weights.timeouts import transfer_timeout_s
 
 __all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
-
-JOIN_TIMEOUT_S = 10.0  # fleetrl.weights.collective.JOIN_TIMEOUT_S (not imported here: it loads torch.distributed)
 
 logger = logging.getLogger(__name__)
 
