@@ -111,8 +111,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
 {{/* "true" when the run needs a KL reference: reference.enabled, or with auto kl_beta > 0 (fleetrl's default
-     0.001 when run.config has no kl_beta) and full fine-tuning: a LoRA run (lora_rank > 0) takes its reference
-     logprobs from the base weights with the adapter disabled, in the trainer. */}}
+     0.001 when run.config has no kl_beta) or a distillation teacher (run.config.teacher_model: the reference holds
+     it) and full fine-tuning: a LoRA run (lora_rank > 0) takes its reference logprobs from the base weights with
+     the adapter disabled, in the trainer. */}}
 {{- define "fleetrl.referenceNeeded" -}}
 {{- $enabled := .Values.reference.enabled -}}
 {{- if eq (toString $enabled) "auto" -}}
@@ -120,7 +121,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if hasKey .Values.run.config "kl_beta" -}}{{- $kl = .Values.run.config.kl_beta -}}{{- end -}}
 {{- $lora := 0 -}}
 {{- if hasKey .Values.run.config "lora_rank" -}}{{- $lora = .Values.run.config.lora_rank -}}{{- end -}}
-{{- if and (gt (float64 $kl) 0.0) (eq (int $lora) 0) -}}true{{- end -}}
+{{- if and (or (gt (float64 $kl) 0.0) .Values.run.config.teacher_model) (eq (int $lora) 0) -}}true{{- end -}}
 {{- else if $enabled -}}true{{- end -}}
 {{- end -}}
 
@@ -218,6 +219,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   mountPath: {{ .Values.model.path }}
   readOnly: true
 {{- end }}
+{{- if and .Values.model.teacherVolume .Values.run.config.teacher_model }}
+- name: teacher
+  mountPath: {{ .Values.run.config.teacher_model }}
+  readOnly: true
+{{- end }}
 - name: tmp
   mountPath: /tmp
 - name: home
@@ -239,6 +245,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.model.volume }}
 - name: model
 {{- toYaml .Values.model.volume | nindent 2 }}
+{{- end }}
+{{- if and .Values.model.teacherVolume .Values.run.config.teacher_model }}
+- name: teacher
+{{- toYaml .Values.model.teacherVolume | nindent 2 }}
 {{- end }}
 - name: tmp
   emptyDir: {}
