@@ -13,8 +13,13 @@ gateway's `Sampler` with the session id as its affinity key (so the session keep
 cache, while that replica is routable, and moves only when it is fenced or fails the call: the sampler's `user=`),
 records the prompt ids, the generated ids verbatim, their logprobs and versions, and answers in the OpenAI format
 (tool calls parsed from the hermes format, `stream=True` as server-sent events). The agent and the session server
-live in the gateway's process, so the endpoint is on the gateway's loopback: nothing else needs to reach it, and
-under `fleetrl up`, compose or the chart the gateway reaches the replicas over gRPC as for every other rollout.
+live in the gateway's process, so by default the endpoint is on the gateway's loopback: nothing else needs to reach
+it, and under `fleetrl up`, compose or the chart the gateway reaches the replicas over gRPC as for every other
+rollout. An agent that runs elsewhere (a sandbox container or pod the rollout starts) needs the endpoint on an
+address it can reach: `FLEETRL_SESSION_HOST` (the gateway's environment) is the address the server binds
+(`0.0.0.0` for every interface), `FLEETRL_SESSION_ADVERTISE_HOST` the host the session URLs name (default: the bound
+address, or for a wildcard bind this host's own address, `socket.gethostbyname(socket.gethostname())`; the chart
+sets the pod's IP). Calls still need the session's api_key.
 
 Sampling: the run's settings (`sample_kwargs`: temperature, top_p, top_k) always apply, because the trainer's
 importance ratios assume the run's sampling distribution; a request's own temperature/top_p/top_k are overridden
@@ -33,6 +38,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import secrets
 import socket
 import time
@@ -55,6 +61,9 @@ from fleetrl.openai_chat import (
 
 log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 30.0
+SESSION_HOST_ENV = "FLEETRL_SESSION_HOST"
+SESSION_ADVERTISE_HOST_ENV = "FLEETRL_SESSION_ADVERTISE_HOST"
+_WILDCARDS = ("0.0.0.0", "::", "")
 _RUN_SETTINGS = ("temperature", "top_p", "top_k")
 
 
@@ -78,6 +87,19 @@ def refuse_unsupported(body: dict[str, Any]) -> None:
             raise ChatRequestError(f"{name}: {why}")
 
 
+def session_hosts(host: str | None = None, advertise_host: str | None = None) -> tuple[str, str]:
+    """(the address to bind, the host session URLs name): the arguments, else `FLEETRL_SESSION_HOST` /
+    `FLEETRL_SESSION_ADVERTISE_HOST`, else the loopback. A wildcard bind with nothing to advertise names this
+    host's own address (a URL naming 0.0.0.0 reaches nothing from another machine)."""
+    bind = host if host is not None else os.environ.get(SESSION_HOST_ENV, "").strip() or "127.0.0.1"
+    shown = advertise_host if advertise_host is not None else os.environ.get(SESSION_ADVERTISE_HOST_ENV, "").strip()
+    if not shown:
+        shown = socket.gethostbyname(socket.gethostname()) if bind in _WILDCARDS else bind
+    if shown in _WILDCARDS:
+        raise ValueError(f"{SESSION_ADVERTISE_HOST_ENV}: {shown!r} is a wildcard; name an address agents can reach")
+    return bind, shown
+
+
 class SessionServer:
     """Per-sample OpenAI endpoints over a `Sampler` (see the module docstring)."""
 
@@ -90,7 +112,8 @@ class SessionServer:
         tokenizer_id: str = "",
         sample_kwargs: dict[str, Any] | None = None,
         max_seq_len: int | None = None,
-        host: str = "127.0.0.1",
+        host: str | None = None,
+        advertise_host: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.sampler = sampler
@@ -99,7 +122,7 @@ class SessionServer:
         self.tokenizer_id = tokenizer_id
         self.sample_kwargs = dict(sample_kwargs or {})
         self.max_seq_len = max_seq_len
-        self.host = host
+        self.host, self.advertise_host = session_hosts(host, advertise_host)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.api_key = f"fleetrl-session-{secrets.token_hex(16)}"
         # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept).
@@ -120,7 +143,7 @@ class SessionServer:
         return f"http://{self._url_host()}:{self.port}/v1"
 
     def _url_host(self) -> str:
-        return f"[{self.host}]" if ":" in self.host else self.host
+        return f"[{self.advertise_host}]" if ":" in self.advertise_host else self.advertise_host
 
     async def open(self, *, exact_history: bool = False) -> AgentSession:
         """A new session (the server started on first use). It runs its calls in the caller's context, so calls
@@ -179,7 +202,7 @@ class SessionServer:
                     self._task.cancel()
                     raise TimeoutError(f"the agent session server did not start within {_START_TIMEOUT_S:.0f} s")
                 await asyncio.sleep(0.01)
-            log.info("agent session server on %s:%d", self.host, self.port)
+            log.info("agent session server on %s:%d (URLs name %s)", self.host, self.port, self.advertise_host)
 
     async def close(self, timeout_s: float = 5.0) -> None:
         if self._task is None:

@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
+import sys
 
 import openai
 import pytest
 from transformers import AutoTokenizer
 
 from fleetrl import Config, RolloutSetup
-from fleetrl.gateway.session_server import SessionServer
+from fleetrl.gateway.session_server import SessionServer, session_hosts
 from fleetrl.sampler import SampledCompletion
 from fleetrl.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
 
@@ -303,3 +305,51 @@ async def test_the_runs_setup_carries_the_cookbooks_endpoint_fields_and_opens_se
         await setup.sessions.close()
     with pytest.raises(RuntimeError, match="open_session: this RolloutSetup has no session server"):
         await RolloutSetup().open_session()
+
+
+AGENT_ELSEWHERE = """
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key=sys.argv[2], max_retries=0, timeout=60)
+reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hello?"}])
+print(reply.choices[0].message.content)
+"""
+
+
+async def test_an_agent_in_another_process_reaches_its_session_at_the_advertised_host(tokenizer, monkeypatch):
+    """FLEETRL_SESSION_HOST binds every interface, FLEETRL_SESSION_ADVERTISE_HOST is the host session URLs name
+    (127.0.0.2: another address of this machine, reachable only through the wildcard bind). Before, the server
+    always bound 127.0.0.1 and named it, so an agent in a sandbox container could not reach its session."""
+    monkeypatch.setenv("FLEETRL_SESSION_HOST", "0.0.0.0")
+    monkeypatch.setenv("FLEETRL_SESSION_ADVERTISE_HOST", "127.0.0.2")
+    sampler = ScriptedSampler(tokenizer, ["hi there"])
+    server = SessionServer(sampler, tokenizer, model="policy", sample_kwargs={"max_tokens": 16}, max_seq_len=200)
+    session = await server.open()
+    try:
+        assert session.base_url.startswith("http://127.0.0.2:") and server.host == "0.0.0.0"
+        agent = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            AGENT_ELSEWHERE,
+            session.base_url,
+            session.api_key,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(agent.communicate(), 120)
+    finally:
+        await server.close()
+    assert agent.returncode == 0, err.decode()[-2000:]
+    assert out.decode().strip() == "hi there"
+    (turn,) = session.turns
+    assert turn.completion_token_ids[:-1] == tokenizer.encode("hi there", add_special_tokens=False)
+
+
+def test_session_hosts_default_to_the_loopback_and_a_wildcard_bind_names_this_hosts_address(monkeypatch):
+    monkeypatch.delenv("FLEETRL_SESSION_HOST", raising=False)
+    monkeypatch.delenv("FLEETRL_SESSION_ADVERTISE_HOST", raising=False)
+    assert session_hosts() == ("127.0.0.1", "127.0.0.1")
+    bind, shown = session_hosts("0.0.0.0")
+    assert bind == "0.0.0.0" and shown == socket.gethostbyname(socket.gethostname())
+    monkeypatch.setenv("FLEETRL_SESSION_ADVERTISE_HOST", "0.0.0.0")
+    with pytest.raises(ValueError, match=r"FLEETRL_SESSION_ADVERTISE_HOST: '0\.0\.0\.0' is a wildcard"):
+        session_hosts("0.0.0.0")
