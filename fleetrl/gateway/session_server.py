@@ -19,7 +19,8 @@ rollout. An agent that runs elsewhere (a sandbox container or pod the rollout st
 address it can reach: `FLEETRL_SESSION_HOST` (the gateway's environment) is the address the server binds
 (`0.0.0.0` for every interface), `FLEETRL_SESSION_ADVERTISE_HOST` the host the session URLs name (default: the bound
 address, or for a wildcard bind this host's own address, `socket.gethostbyname(socket.gethostname())`; the chart
-sets the pod's IP). Calls still need the session's api_key.
+sets the pod's IP), and `FLEETRL_SESSION_PORT` the port (default 0: a free one; a fixed port is for one gateway
+per host or pod, as the chart runs them). Calls still need the session's api_key.
 
 Sampling: the run's settings (`sample_kwargs`: temperature, top_p, top_k) always apply, because the trainer's
 importance ratios assume the run's sampling distribution; a request's own temperature/top_p/top_k are overridden
@@ -63,6 +64,7 @@ log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 30.0
 SESSION_HOST_ENV = "FLEETRL_SESSION_HOST"
 SESSION_ADVERTISE_HOST_ENV = "FLEETRL_SESSION_ADVERTISE_HOST"
+SESSION_PORT_ENV = "FLEETRL_SESSION_PORT"
 _WILDCARDS = ("0.0.0.0", "::", "")
 _RUN_SETTINGS = ("temperature", "top_p", "top_k")
 
@@ -100,6 +102,20 @@ def session_hosts(host: str | None = None, advertise_host: str | None = None) ->
     return bind, shown
 
 
+def session_port(port: int | None = None) -> int:
+    """The port to bind: the argument, else `FLEETRL_SESSION_PORT`, else 0 (a free port). A bad value is refused
+    naming the variable."""
+    if port is None:
+        text = os.environ.get(SESSION_PORT_ENV, "").strip() or "0"
+        try:
+            port = int(text)
+        except ValueError:
+            raise ValueError(f"{SESSION_PORT_ENV}: {text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"{SESSION_PORT_ENV}: {port} is not a port number (0 to 65535; 0 = a free port)")
+    return port
+
+
 class SessionServer:
     """Per-sample OpenAI endpoints over a `Sampler` (see the module docstring)."""
 
@@ -114,6 +130,7 @@ class SessionServer:
         max_seq_len: int | None = None,
         host: str | None = None,
         advertise_host: str | None = None,
+        port: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.sampler = sampler
@@ -123,6 +140,7 @@ class SessionServer:
         self.sample_kwargs = dict(sample_kwargs or {})
         self.max_seq_len = max_seq_len
         self.host, self.advertise_host = session_hosts(host, advertise_host)
+        self.bind_port = session_port(port)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.api_key = f"fleetrl-session-{secrets.token_hex(16)}"
         # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept).
@@ -188,7 +206,8 @@ class SessionServer:
 
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.bind((self.host, 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted gateway rebinds a fixed port
+            sock.bind((self.host, self.bind_port))
             self.port = int(sock.getsockname()[1])
             config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
             self._server = _Server(config)

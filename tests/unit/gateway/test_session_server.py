@@ -319,13 +319,17 @@ async def test_an_agent_in_another_process_reaches_its_session_at_the_advertised
     """FLEETRL_SESSION_HOST binds every interface, FLEETRL_SESSION_ADVERTISE_HOST is the host session URLs name
     (127.0.0.2: another address of this machine, reachable only through the wildcard bind). Before, the server
     always bound 127.0.0.1 and named it, so an agent in a sandbox container could not reach its session."""
+    with socket.socket() as probe:  # a port free now, as the chart's fixed agentSessions.port
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
     monkeypatch.setenv("FLEETRL_SESSION_HOST", "0.0.0.0")
     monkeypatch.setenv("FLEETRL_SESSION_ADVERTISE_HOST", "127.0.0.2")
+    monkeypatch.setenv("FLEETRL_SESSION_PORT", str(port))
     sampler = ScriptedSampler(tokenizer, ["hi there"])
     server = SessionServer(sampler, tokenizer, model="policy", sample_kwargs={"max_tokens": 16}, max_seq_len=200)
     session = await server.open()
     try:
-        assert session.base_url.startswith("http://127.0.0.2:") and server.host == "0.0.0.0"
+        assert session.base_url.startswith(f"http://127.0.0.2:{port}/sessions/") and server.host == "0.0.0.0"
         agent = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",
@@ -353,3 +357,10 @@ def test_session_hosts_default_to_the_loopback_and_a_wildcard_bind_names_this_ho
     monkeypatch.setenv("FLEETRL_SESSION_ADVERTISE_HOST", "0.0.0.0")
     with pytest.raises(ValueError, match=r"FLEETRL_SESSION_ADVERTISE_HOST: '0\.0\.0\.0' is a wildcard"):
         session_hosts("0.0.0.0")
+
+
+@pytest.mark.parametrize("value", ["http", "70000", "-1"])
+def test_a_bad_session_port_is_refused_naming_the_variable(tokenizer, monkeypatch, value):
+    monkeypatch.setenv("FLEETRL_SESSION_PORT", value)
+    with pytest.raises(ValueError, match=r"FLEETRL_SESSION_PORT: .* is not a port number"):
+        SessionServer(ScriptedSampler(tokenizer, []), tokenizer)
