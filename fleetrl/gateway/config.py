@@ -48,6 +48,12 @@ class GatewayConfig(BaseModel):
     )
     judge_base_url: str | None = Field(None, description="The judge's OpenAI base URL (setup.judge_base_url).")
     judge_model: str | None = Field(None, description="The judge's model (its tokenizer; setup.judge_model).")
+    judge_resolve_s: float | None = Field(
+        None,
+        gt=0,
+        description="Each judge HOST:PORT names a DNS name whose every address is a judge replica (compose's "
+        "scaled `judge` service), looked up again every this many seconds; None = the addresses as given.",
+    )
     max_rows_in_flight: int | None = Field(
         None,
         ge=1,

@@ -25,6 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--judge", action="append", help="HOST:PORT of a judge replica (repeat for each)")
     parser.add_argument("--judge-base-url", help="the judge pool's OpenAI base URL (http://host:port/v1)")
     parser.add_argument("--judge-model", help="the judge's model path (its tokenizer), with --judge")
+    parser.add_argument(
+        "--judge-resolve-s",
+        type=float,
+        help="each --judge names a DNS name with one address per judge replica, looked up every this many seconds",
+    )
     parser.add_argument("--max-rows-in-flight", type=int, help="rows processed at once")
     parser.add_argument(
         "--rollout-timeout", type=float, help="seconds before a whole rollout is cancelled and dropped (default 600)"
@@ -65,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
                 "judge": args.judge,
                 "judge_base_url": args.judge_base_url,
                 "judge_model": args.judge_model,
+                "judge_resolve_s": args.judge_resolve_s,
                 "max_rows_in_flight": args.max_rows_in_flight,
                 "rollout_timeout_s": args.rollout_timeout,
                 "generate_timeout_s": args.generate_timeout,

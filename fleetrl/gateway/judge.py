@@ -4,7 +4,9 @@ replica's OpenAI base URL (`setup.judge_base_url`), the judge's model name and t
 
 The judge replicas are inference replicas of another model that `fleetrl up` starts beside the policy's ([up]
 judge_model): frozen, never told to the controller, so never sent weights and never fenced or re-listed; the
-sampler's list is the fixed one from the gateway's `--judge` flags.
+sampler's list is the fixed one from the gateway's `--judge` flags, or, with `--judge-resolve-s S` (compose's judge
+service scaled with `--scale judge=N`), every address each `--judge NAME:PORT` resolves to, looked up again every S
+seconds by `follow_judges` (replicas started later join; a failed lookup keeps the last list).
 
     async def rollout_fn(row):
         ...
@@ -13,11 +15,17 @@ sampler's list is the fixed one from the gateway's `--judge` flags.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.rollout import RolloutSetup
 from fleetrl.sampler import Sampler
+
+log = logging.getLogger(__name__)
 
 
 def attach_judge(setup: RolloutSetup, config: GatewayConfig, tokenizer: Any) -> Sampler | None:
@@ -31,7 +39,8 @@ def attach_judge(setup: RolloutSetup, config: GatewayConfig, tokenizer: Any) -> 
         request_timeout_s=config.generate_timeout_s,
         replica_wait_s=config.replica_wait_s,
     )
-    sampler.set_replicas(list(config.judge))
+    # Resolved: the names are not replicas, their addresses are (follow_judges fills the list).
+    sampler.set_replicas([] if config.judge_resolve_s is not None else list(config.judge))
     setup.judge_sampler = sampler
     setup.judge_base_url = config.judge_base_url
     setup.judge_model = config.judge_model
@@ -46,3 +55,42 @@ def load_judge_tokenizer(config: GatewayConfig, fallback: Any) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(config.judge_model)
+
+
+def resolve_judges(names: Sequence[str]) -> list[str]:
+    """Every address each HOST:PORT in `names` resolves to (one per replica of a scaled compose service), as sorted
+    HOST:PORT strings; OSError when a lookup fails, ValueError for a name without a port."""
+    addresses: set[str] = set()
+    for name in names:
+        host, sep, port = name.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"judge: {name!r} is not HOST:PORT")
+        host = host.strip("[]")
+        for family, _, _, _, sockaddr in socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM):
+            ip = str(sockaddr[0])
+            addresses.add(f"[{ip}]:{port}" if family == socket.AF_INET6 else f"{ip}:{port}")
+    return sorted(addresses)
+
+
+async def follow_judges(
+    sampler: Sampler,
+    names: Sequence[str],
+    every_s: float,
+    *,
+    resolve: Callable[[list[str]], list[str]] = resolve_judges,
+) -> None:
+    """Keep `sampler`'s replicas the addresses `names` resolve to, looked up every `every_s` seconds (sooner, at most
+    every second, while a judge call finds no replica). Runs until cancelled; a failed or empty lookup keeps the last
+    list (a call waits up to the sampler's replica_wait_s for one)."""
+    names = list(names)
+    while True:
+        try:
+            addresses = await asyncio.to_thread(resolve, names)
+        except OSError as exc:
+            addresses = []
+            log.debug("judge lookup of %s failed: %s", names, exc)
+        if addresses and addresses != sampler.replicas:
+            log.info("judge replicas: %s", ", ".join(addresses))
+            sampler.set_replicas(addresses)
+        pause = every_s if sampler.replicas else min(every_s, 1.0)
+        await asyncio.sleep(min(pause, 1.0) if sampler.wants_replicas else pause)

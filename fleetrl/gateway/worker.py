@@ -37,7 +37,7 @@ from fleetrl.gateway.assembly import assemble_group
 from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.dynamic_filter import DynamicFilter
-from fleetrl.gateway.judge import attach_judge, load_judge_tokenizer
+from fleetrl.gateway.judge import attach_judge, follow_judges, load_judge_tokenizer
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     DATASET_CONTEXT_ARGS,
@@ -179,6 +179,10 @@ class Gateway:
         # The judge pool (fleetrl up's [up] judge_model), before the factory runs: it may keep setup.judge_sampler.
         judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
         judge_sampler = self.judge_sampler = attach_judge(setup, self.config, judge_tokenizer)  # on its /metrics
+        follower = None  # compose's scaled judge service: the replicas its name resolves to, looked up again
+        if judge_sampler is not None and self.config.judge_resolve_s is not None:
+            follow = follow_judges(judge_sampler, self.config.judge, self.config.judge_resolve_s)
+            follower = asyncio.create_task(follow, name="judge-lookup")
         self.rollout_fn = self.rollout_factory(setup)
         self.setup = setup
         self._set_context_args()
@@ -256,6 +260,9 @@ class Gateway:
             if setup.sessions is not None:  # the agent session server, if a rollout opened a session
                 await setup.sessions.close()
             await self.sampler.close()
+            if follower is not None:
+                follower.cancel()
+                await asyncio.gather(follower, return_exceptions=True)
             if judge_sampler is not None:
                 await judge_sampler.close()
             if self._sender is not None:

@@ -59,3 +59,35 @@ def test_the_judge_service_is_a_frozen_replica_of_the_judge_model() -> None:
     assert command[:2] == ["serve", "inference"] and command[command.index("--model") + 1] == "/models/judge"
     assert "./models/judge:/models/judge:ro" in judge["volumes"]
     assert "judge" not in " ".join(str(a) for a in services["controller"]["command"])  # never sent weights
+
+
+def test_the_judge_pool_scales_on_its_own_and_the_gateways_find_every_replica() -> None:
+    """`docker compose up --scale judge=N`: the judge service pins nothing a second replica would clash on (no
+    container name, hostname or published port), and the gateways look its name up again (--judge-resolve-s), so
+    every replica's address is a judge (compose's DNS answers the service name with one address per replica)."""
+    env = env_example() | {"FLEETRL_JUDGE": "judge:50051", "FLEETRL_JUDGE_BASE_URL": "http://judge:8000/v1"}
+    services = load_compose(COMPOSE_FILE, env)["services"]
+    judge = services["judge"]
+    assert not {"container_name", "hostname", "ports"} & set(judge), judge
+    command = [str(a) for a in services["gateway"]["command"]]
+    config = gateway_config(command).model_copy(
+        update={"judge_resolve_s": float(command[command.index("--judge-resolve-s") + 1])}
+    )
+    assert config.judge == ["judge:50051"] and config.judge_resolve_s == 10.0
+
+
+def test_prometheus_scrapes_every_judge_replica_apart_from_the_policys() -> None:
+    """A fleetrl-judge job finds each judge replica by the service name on the port its --metrics-port serves,
+    labelled component=judge so the dashboard's policy inference panels leave it out (and its own panels select it)."""
+    import yaml
+
+    from tests.deploy.localstack import REPO
+
+    services = load_compose(COMPOSE_FILE, env_example())["services"]
+    command = [str(a) for a in services["judge"]["command"]]
+    config = yaml.safe_load((REPO / "monitoring" / "prometheus.yml").read_text())
+    (job,) = [j for j in config["scrape_configs"] if j["job_name"] == "fleetrl-judge"]
+    (sd,) = job["dns_sd_configs"]
+    assert sd["names"] == ["judge"] and sd["port"] == int(command[command.index("--metrics-port") + 1])
+    assert {"target_label": "component", "replacement": "judge"} in job["relabel_configs"]
+    assert {"target_label": "run", "replacement": "__FLEETRL_RUN__"} in job["relabel_configs"]
