@@ -209,6 +209,12 @@ class Config(BaseModel):
         "'collective' (the trainer broadcasts it to the replicas in one torch.distributed group per push; gloo on "
         "CPU; a replica that cannot join fetches it over ZeroMQ). Needs weight_fanout 'direct'.",
     )
+    collective_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="The torch.distributed backend of a collective push, chosen per push: 'auto' (NCCL when the "
+        "trainer and the replica both run on CUDA, straight from the trainer's GPU into the replica's; else gloo "
+        "through host memory), 'gloo', or 'nccl' (needs the trainer on CUDA; a replica off CUDA loads over ZeroMQ).",
+    )
 
     # --- checkpoints and evaluation ---
     dcp_save_interval: int = Field(0, ge=0, description="Checkpoint every N batches; 0 = end only.")

@@ -1,8 +1,10 @@
 """The collective weight transport: the trainer broadcasts a version into the replicas' workers over torch.distributed.
 
-``weight_transport = "collective"`` (docs/inference.md, "The weight path"). One process group per push, gloo on
-CPU and NCCL on GPU, built from a ``TCPStore`` the trainer's weight publisher opens for that push (no global
-``init_process_group``: the trainer may run its own, and a replica's workers run vLLM's):
+``weight_transport = "collective"`` (docs/inference.md, "Collective loads"). One process group per push, its
+backend chosen per push from where the two sides run (``collective_backend``: "auto" is NCCL when the trainer and the
+replica are both on CUDA, else gloo; ``collective_plan.choose_backend``), built from a ``TCPStore`` the trainer's
+weight publisher opens for that push (no global ``init_process_group``: the trainer may run its own, and a replica's
+workers run vLLM's):
 
 1. A replica asks the trainer's weight stream for the group of a version (``request_group``: a ZeroMQ request on
    the stream it would otherwise fetch from, answered with the store's port, the group's name, the wire settings
@@ -13,6 +15,12 @@ CPU and NCCL on GPU, built from a ``TCPStore`` the trainer's weight publisher op
    version over ZeroMQ.
 3. Every receiving worker builds the group with its rank (``receive_into``) and receives the buckets
    (``plan_buckets``) straight into its flat receive buffer, then checks each tensor's checksum against the manifest.
+
+**Devices.** The replica's request names its device and the offer carries the backend and both sides' devices. Under
+NCCL the trainer copies each bucket from its host snapshot into one reused buffer of the bucket size on its GPU and
+broadcasts from there, and each receiver receives into a flat buffer on its own GPU (the tensors it loads are views of
+it); under gloo both buffers are host memory (the sender broadcasts large pieces from the snapshot uncopied). The code
+is the same for both: the device is a parameter, so the CPU tests drive the device path with gloo and "cpu".
 
 Every wait is bounded: the join by ``join_timeout_s`` (plus the store's timeout), the group's rendezvous and each
 broadcast by the push's ``timeout_s`` plus its bytes at a conservative rate (``fleetrl.weights.timeouts``). Any
@@ -38,13 +46,17 @@ import zmq
 
 from fleetrl.weights.collective_plan import (
     CLOSED,
+    COLLECTIVE_BACKENDS,
     DEFAULT_BUCKET_BYTES,
     JOIN_TIMEOUT_S,
     Bucket,
+    choose_backend,
     claimed_rank_offset,
+    device_type,
     flat_layout,
     plan_buckets,
     plan_ops,
+    receive_device,
     world_size_at_close,
 )
 from fleetrl.weights.errors import WeightTransferError
@@ -53,10 +65,12 @@ from fleetrl.weights.protocol import PROTOCOL, parse_error
 from fleetrl.weights.timeouts import transfer_timeout_s
 
 __all__ = [
+    "COLLECTIVE_BACKENDS",
     "JOIN_TIMEOUT_S",
     "CollectiveSender",
     "GroupOffer",
     "Membership",
+    "choose_backend",
     "fetch_collective",
     "join_group",
     "receive_into",
@@ -89,6 +103,8 @@ class GroupOffer:
     join_timeout_s: float
     timeout_s: float
     manifest: Manifest
+    trainer_device: str = "cpu"  # where the trainer runs ("cuda": it broadcasts from its GPU under NCCL)
+    replica_device: str = "cpu"  # the device the replica that opened the group named (its receivers' under NCCL)
 
     def to_json(self) -> dict[str, Any]:
         """Everything but the manifest (sent in its own frame)."""
@@ -100,6 +116,8 @@ class GroupOffer:
             "bucket_bytes": self.bucket_bytes,
             "join_timeout_s": self.join_timeout_s,
             "timeout_s": self.timeout_s,
+            "trainer_device": self.trainer_device,
+            "replica_device": self.replica_device,
         }
 
     @classmethod
@@ -113,6 +131,8 @@ class GroupOffer:
             join_timeout_s=float(fields["join_timeout_s"]),
             timeout_s=float(fields["timeout_s"]),
             manifest=manifest,
+            trainer_device=str(fields.get("trainer_device", "cpu")),
+            replica_device=str(fields.get("replica_device", "cpu")),
         )
 
 
@@ -165,7 +185,9 @@ class CollectiveSender:
     """Rank 0 of one version's group: opens the rendezvous store, waits for the replicas, broadcasts the buckets.
 
     ``payloads`` are the raw bytes of the manifest's tensors (the publisher's snapshot, kept alive by this object
-    until the push ends). ``start()`` runs the push in a background thread; ``done`` is set when it ends, with
+    until the push ends). `device` is where the trainer runs: under NCCL (a CUDA device) each bucket is copied into one
+    reused buffer of the bucket size there and broadcast from it; under gloo the buffer is host memory and large pieces
+    go from the snapshot uncopied. ``start()`` runs the push in a background thread; ``done`` is set when it ends, with
     ``error`` (a string) on failure and ``world_size`` the group's size (1: nobody joined, nothing sent).
     """
 
@@ -180,9 +202,14 @@ class CollectiveSender:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         join_timeout_s: float = JOIN_TIMEOUT_S,
         timeout_s: float = 300.0,
+        device: str = "cpu",
+        replica_device: str = "cpu",
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"collective backend must be one of {BACKENDS}, got {backend!r}")
+        self.device = torch.device(receive_device(backend, device))  # ValueError: NCCL off CUDA
+        self.trainer_device = device_type(device)
+        self.replica_device = device_type(replica_device)
         if expected_replicas < 1:
             raise ValueError(f"expected_replicas must be >= 1, got {expected_replicas}")
         if not (join_timeout_s > 0 and timeout_s > 0):
@@ -207,6 +234,7 @@ class CollectiveSender:
         self.error = ""
         self.world_size = 0
         self.send_s = 0.0
+        self.buffer_bytes = 0  # the reused bucket buffer on `device` (the largest bucket)
         self._thread = threading.Thread(target=self._run, name=f"fleetrl-collective-{self.group}", daemon=True)
 
     def offer(self, host: str) -> GroupOffer:
@@ -220,6 +248,8 @@ class CollectiveSender:
             join_timeout_s=self.join_timeout_s,
             timeout_s=self.timeout_s,
             manifest=self.manifest,
+            trainer_device=self.trainer_device,
+            replica_device=self.replica_device,
         )
 
     def start(self) -> CollectiveSender:
@@ -253,6 +283,8 @@ class CollectiveSender:
                 logger.info("collective push of version %d: no replica joined", self.manifest.version)
                 return
             start = time.perf_counter()
+            if self.device.type == "cuda":  # this thread's current device is the trainer's (NCCL binds to it)
+                torch.cuda.set_device(self.device)
             group = _process_group(store, 0, self.world_size, self.backend, self._budget_s)
             try:
                 self._send(group)
@@ -275,30 +307,31 @@ class CollectiveSender:
             self.done.set()
 
     def _send(self, group: Any) -> None:
-        device = torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else None
         with warnings.catch_warnings():  # the snapshot's views are read-only; rank 0 of a broadcast only reads
             warnings.simplefilter("ignore", UserWarning)
             sources = [torch.frombuffer(p, dtype=torch.uint8) if len(p) else None for p in self._payloads]
         largest = max((b.nbytes for b in self.buckets), default=0)
-        staging = torch.empty(largest, dtype=torch.uint8, pin_memory=device is not None)
+        # One buffer of the bucket size on the broadcast device, reused for every bucket of the push (on CUDA the
+        # caching allocator hands the same block to the next push).
+        buffer = torch.empty(largest, dtype=torch.uint8, device=self.device)
+        self.buffer_bytes = largest
         for bucket in self.buckets:
             for start, stop in plan_ops(bucket, SMALL_PIECE_BYTES):
                 inside = [p for p in bucket.pieces if start <= p.offset < stop]
-                if len(inside) == 1 and device is None:  # one tensor's bytes: broadcast them where they lie
+                if len(inside) == 1:  # one tensor's bytes: broadcast them where they lie if that is the device
                     (piece,) = inside
                     source = sources[piece.tensor_index]
                     assert source is not None
-                    _broadcast(group, source[piece.start : piece.stop], self._budget_s)
-                    continue
-                buffer = staging[start:stop]
+                    if source.device == self.device:
+                        _broadcast(group, source[piece.start : piece.stop], self._budget_s)
+                        continue
+                op = buffer[start:stop]
                 for piece in inside:
                     source = sources[piece.tensor_index]
                     assert source is not None
                     at = piece.offset - start
-                    buffer[at : at + piece.stop - piece.start].copy_(source[piece.start : piece.stop])
-                if device is not None:
-                    buffer = buffer.to(device, non_blocking=True)
-                _broadcast(group, buffer, self._budget_s)
+                    op[at : at + piece.stop - piece.start].copy_(source[piece.start : piece.stop])
+                _broadcast(group, op, self._budget_s)
 
 
 def request_group(
@@ -308,15 +341,20 @@ def request_group(
     replicas: int,
     auth_token: str | None = None,
     timeout_s: float = 30.0,
+    device: str = "cpu",
 ) -> GroupOffer:
-    """Ask the weight stream at `address` for the group of `version` (opening it, expecting `replicas` replicas);
-    WeightTransferError when it refuses (a relay, an unknown version) or does not answer within `timeout_s`."""
+    """Ask the weight stream at `address` for the group of `version` (opening it, expecting `replicas` replicas),
+    naming the replica's `device` (the trainer chooses the backend from it and its own); WeightTransferError when it
+    refuses (a relay, an unknown version, a backend this device cannot use) or does not answer within `timeout_s`."""
+    device = device_type(device)
     context = zmq.Context.instance()
     socket = context.socket(zmq.DEALER)
     socket.setsockopt(zmq.LINGER, 0)
     try:
         socket.connect(address)
-        request = json.dumps({"version": version, "replicas": replicas, "timeout_s": timeout_s}).encode()
+        request = json.dumps(
+            {"version": version, "replicas": replicas, "timeout_s": timeout_s, "device": device}
+        ).encode()
         socket.send_multipart([PROTOCOL, b"collective", (auth_token or "").encode(), request])
         if not socket.poll(int(timeout_s * 1000)):
             raise WeightTransferError(
@@ -384,21 +422,27 @@ def receive_into(
     skip: frozenset[str] = frozenset(),
     verify: bool = True,
 ) -> dict[str, torch.Tensor]:
-    """Build the group as `rank` of `world_size`, receive every bucket into `flat` (a uint8 CPU buffer of
-    ``flat_layout`` of the manifest's sizes) and return the manifest's tensors as views of it, each checked
-    against its checksum when `verify` (names in `skip` are received but not returned)."""
+    """Build the group as `rank` of `world_size`, receive every bucket into `flat` (a uint8 buffer of
+    ``flat_layout`` of the manifest's sizes, on ``receive_device(offer.backend, ...)``: the receiver's GPU under NCCL,
+    host memory under gloo) and return the manifest's tensors as views of it, each checked against its checksum when
+    `verify` (a GPU buffer is read back to host for that; names in `skip` are received but not returned)."""
     manifest = offer.manifest
     offsets, size = flat_layout([t.nbytes for t in manifest.tensors])
     if flat.numel() < size or flat.dtype != torch.uint8:
         raise ValueError(f"the receive buffer holds {flat.numel()} bytes, the version needs {size} (uint8)")
+    if receive_device(offer.backend, str(flat.device)) != str(flat.device):
+        raise ValueError(f"a {offer.backend} receiver's buffer lives in host memory, got one on {flat.device}")
     budget_s = transfer_timeout_s(offer.timeout_s, manifest.total_bytes)
-    device = torch.device("cuda", torch.cuda.current_device()) if offer.backend == "nccl" else None
     try:
+        if flat.device.type == "cuda":  # NCCL binds the group to this thread's current device
+            torch.cuda.set_device(flat.device)
         store = dist.PrefixStore(f"{offer.group}/", _store(offer.host, offer.port, master=False, timeout_s=budget_s))
         group = _process_group(store, rank, world_size, offer.backend, budget_s)
         try:
             for bucket in plan_buckets([t.nbytes for t in manifest.tensors], offer.bucket_bytes):
-                _receive_bucket(group, bucket, offsets, flat, device, budget_s)
+                _receive_bucket(group, bucket, offsets, flat, budget_s)
+            if flat.device.type == "cuda":  # the broadcasts ran on NCCL's stream: the bytes are there for any reader
+                torch.cuda.synchronize(flat.device)
         finally:
             _shutdown(group)
     except (RuntimeError, ValueError, dist.DistError) as exc:
@@ -408,7 +452,7 @@ def receive_into(
     tensors: dict[str, torch.Tensor] = {}
     for spec, offset in zip(manifest.tensors, offsets, strict=True):
         raw = flat[offset : offset + spec.nbytes]
-        if verify and checksum_bytes(memoryview(raw.numpy())) != spec.checksum:
+        if verify and checksum_bytes(memoryview(raw.cpu().numpy())) != spec.checksum:
             raise WeightTransferError(
                 f"tensor {spec.name!r} of version {manifest.version} failed its checksum after the collective push",
                 reason="checksum",
@@ -423,21 +467,19 @@ def _receive_bucket(
     bucket: Bucket,
     offsets: tuple[int, ...],
     flat: torch.Tensor,
-    device: torch.device | None,
     budget_s: float,
 ) -> None:
     """One bucket: straight into `flat` when its pieces lie there as in the bucket (the usual case: both layouts
-    align each tensor to 64 bytes in the same order), else through a scratch buffer."""
+    align each tensor to 64 bytes in the same order), else through a scratch buffer on `flat`'s device."""
     shifts = {offsets[p.tensor_index] + p.start - p.offset for p in bucket.pieces}
-    base = shifts.pop() if len(shifts) == 1 and device is None else -1
+    base = shifts.pop() if len(shifts) == 1 else -1
     direct = base >= 0 and base + bucket.nbytes <= flat.numel()
     for start, stop in plan_ops(bucket, SMALL_PIECE_BYTES):
         if direct:
             _broadcast(group, flat[base + start : base + stop], budget_s)
             continue
-        scratch = torch.empty(stop - start, dtype=torch.uint8, device=device)
+        scratch = torch.empty(stop - start, dtype=torch.uint8, device=flat.device)
         _broadcast(group, scratch, budget_s)
-        scratch = scratch.cpu()
         for piece in bucket.pieces:
             if start <= piece.offset < stop:
                 at, length = offsets[piece.tensor_index] + piece.start, piece.stop - piece.start
@@ -445,11 +487,17 @@ def _receive_bucket(
 
 
 def receive_state_dict(
-    offer: GroupOffer, membership: Membership, *, skip: frozenset[str] = frozenset(), verify: bool = True
+    offer: GroupOffer,
+    membership: Membership,
+    *,
+    skip: frozenset[str] = frozenset(),
+    verify: bool = True,
+    device: str = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """Receive `offer`'s version as one rank (the replica's first) into a fresh buffer: the hf engine's path."""
+    """Receive `offer`'s version as one rank (the replica's first) into a fresh buffer: the hf engine's path. The
+    buffer is on `device` (the replica's) under NCCL, in host memory under gloo."""
     _, size = flat_layout([t.nbytes for t in offer.manifest.tensors])
-    flat = torch.empty(size, dtype=torch.uint8)
+    flat = torch.empty(size, dtype=torch.uint8, device=receive_device(offer.backend, device))
     return receive_into(offer, membership.rank_offset, membership.world_size, flat, skip=skip, verify=verify)
 
 
@@ -460,12 +508,15 @@ def fetch_collective(
     replicas: int,
     auth_token: str | None = None,
     timeout_s: float = 300.0,
+    device: str = "cpu",
 ) -> tuple[Manifest, dict[str, torch.Tensor]] | None:
-    """One rank's whole collective load of `version` (ask, join, receive, verify): the manifest and the tensors,
-    or None when the group had closed before this replica joined. WeightTransferError on any failure; the caller
-    loads the version over the weight stream instead, either way."""
-    offer = request_group(address, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s)
+    """One rank's whole collective load of `version` (ask, join, receive, verify) on a replica on `device`: the
+    manifest and the tensors (on `device` under NCCL), or None when the group had closed before this replica joined.
+    WeightTransferError on any failure; the caller loads the version over the weight stream instead, either way."""
+    offer = request_group(
+        address, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s, device=device
+    )
     membership = join_group(offer, 1)
     if membership is None:
         return None
-    return offer.manifest, receive_state_dict(offer, membership)
+    return offer.manifest, receive_state_dict(offer, membership, device=device)

@@ -16,6 +16,11 @@ that never came.
 each tensor at an aligned offset; a tensor bigger than a bucket is split over several. Sender and receivers compute
 the same layout from the manifest, so only the bytes cross the group. Within a bucket, ``plan_ops`` sends each large
 piece on its own (from the trainer's snapshot, no copy) and packs only runs of small ones.
+
+**Backend.** ``collective_backend`` (``COLLECTIVE_BACKENDS``) is resolved per push by ``choose_backend`` from the
+device each side uses: "auto" is NCCL when the trainer and the replica both run on CUDA, else gloo; "nccl" refuses a
+side off CUDA (that replica loads over ZeroMQ). ``receive_device`` is where a receiver's buffers live: its own device
+under NCCL, host memory under gloo.
 """
 
 from __future__ import annotations
@@ -25,23 +30,65 @@ from dataclasses import dataclass
 
 __all__ = [
     "CLOSED",
+    "COLLECTIVE_BACKENDS",
     "DEFAULT_BUCKET_BYTES",
     "JOIN_TIMEOUT_S",
     "WEIGHT_TRANSPORTS",
     "Bucket",
     "Piece",
+    "choose_backend",
     "claimed_rank_offset",
+    "device_type",
     "flat_layout",
     "plan_buckets",
     "plan_ops",
+    "receive_device",
     "world_size_at_close",
 ]
 
 WEIGHT_TRANSPORTS = ("zmq", "collective")
+COLLECTIVE_BACKENDS = ("auto", "gloo", "nccl")
+DEVICE_TYPES = ("cpu", "cuda")
 DEFAULT_BUCKET_BYTES = 64 << 20
 JOIN_TIMEOUT_S = 10.0  # how long a group waits for the replicas it expects before it closes with those present
 CLOSED = 1 << 40  # added to the rank counter to close a group; far above any number of ranks
 _ALIGN = 64
+
+
+def device_type(device: str) -> str:
+    """The type of a torch device string ("cuda:1" -> "cuda"); ValueError for one the transport does not know."""
+    kind = str(device).split(":", 1)[0].strip().lower()
+    if kind not in DEVICE_TYPES:
+        raise ValueError(f"device must be one of {DEVICE_TYPES} (optionally with an index), got {device!r}")
+    return kind
+
+
+def choose_backend(setting: str, trainer_device: str, replica_device: str) -> str:
+    """The backend of a push from the trainer on `trainer_device` to a replica on `replica_device` under
+    ``collective_backend`` = `setting`: "auto" is "nccl" when both are CUDA, else "gloo"; "gloo" always; "nccl" only
+    when both are CUDA (ValueError naming the setting otherwise: that replica loads over ZeroMQ)."""
+    if setting not in COLLECTIVE_BACKENDS:
+        raise ValueError(f"collective_backend must be one of {COLLECTIVE_BACKENDS}, got {setting!r}")
+    both_cuda = device_type(trainer_device) == "cuda" and device_type(replica_device) == "cuda"
+    if setting == "auto":
+        return "nccl" if both_cuda else "gloo"
+    if setting == "nccl" and not both_cuda:
+        raise ValueError(
+            f"collective_backend 'nccl' needs the trainer and the replica on CUDA (trainer on {trainer_device!r}, "
+            f"replica on {replica_device!r}); set collective_backend 'auto' or 'gloo'"
+        )
+    return setting
+
+
+def receive_device(backend: str, replica_device: str) -> str:
+    """Where a receiver's buffers live: its own device under NCCL (which must then be CUDA), host memory under gloo."""
+    if backend == "gloo":
+        return "cpu"
+    if backend == "nccl":
+        if device_type(replica_device) != "cuda":
+            raise ValueError(f"an NCCL receiver needs a CUDA device, got {replica_device!r}")
+        return replica_device
+    raise ValueError(f"collective backend must be 'gloo' or 'nccl', got {backend!r}")
 
 
 def claimed_rank_offset(counter_after_claim: int, ranks: int) -> int | None:

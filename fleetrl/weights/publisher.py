@@ -23,7 +23,13 @@ from typing import Any
 import torch
 import zmq
 
-from fleetrl.weights.collective_plan import DEFAULT_BUCKET_BYTES, JOIN_TIMEOUT_S
+from fleetrl.weights.collective_plan import (
+    COLLECTIVE_BACKENDS,
+    DEFAULT_BUCKET_BYTES,
+    JOIN_TIMEOUT_S,
+    choose_backend,
+    device_type,
+)
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
 from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
@@ -67,8 +73,10 @@ class WeightPublisher(WeightStreamServer):
     buffers; a publish while the previous version is still being staged waits for it first.
 
     A replica asking for a version's group (``weight_transport = "collective"``) opens one ``CollectiveSender`` per
-    push on ``collective_backend`` (``fleetrl.weights.collective``); it keeps that version's snapshot alive until the
-    broadcast ends, so memory stays one served copy per version.
+    push (``fleetrl.weights.collective``), its backend chosen from ``collective_backend`` ("auto", "gloo", "nccl"), the
+    trainer's ``collective_device`` and the device the replica's request names (``collective_plan.choose_backend``); a
+    replica whose device cannot use the open group's backend is refused (it loads over ZeroMQ). It keeps that
+    version's snapshot alive until the broadcast ends, so memory stays one served copy per version.
     """
 
     name = "weight publisher"
@@ -83,12 +91,21 @@ class WeightPublisher(WeightStreamServer):
         session_timeout_s: float = 300.0,
         session_sweep_s: float = 1.0,
         start_timeout_s: float = 10.0,
-        collective_backend: str = "gloo",
+        collective_backend: str = "auto",
         collective_bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         collective_join_timeout_s: float = JOIN_TIMEOUT_S,
+        collective_device: str = "cpu",
     ) -> None:
-        if collective_backend not in ("gloo", "nccl"):
-            raise ValueError(f"collective_backend must be 'gloo' or 'nccl', got {collective_backend!r}")
+        if collective_backend not in COLLECTIVE_BACKENDS:
+            raise ValueError(f"collective_backend must be one of {COLLECTIVE_BACKENDS}, got {collective_backend!r}")
+        try:
+            device_type(collective_device)
+        except ValueError as exc:
+            raise ValueError(f"collective_device: {exc}") from None
+        if collective_backend == "nccl" and device_type(collective_device) != "cuda":
+            raise ValueError(
+                f"collective_backend 'nccl' needs the trainer on CUDA, got collective_device {collective_device!r}"
+            )
         if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
         if not isinstance(keep_versions, int) or keep_versions < 1:
@@ -109,6 +126,7 @@ class WeightPublisher(WeightStreamServer):
         self.stage_waits = 0  # publishes that waited for the previous version's staging to finish
         # Collective pushes (fleetrl.weights.collective): the open group of each version (serving thread only).
         self.collective_backend = collective_backend
+        self.collective_device = collective_device
         self.collective_bucket_bytes = collective_bucket_bytes
         self.collective_join_timeout_s = collective_join_timeout_s
         self._bind_host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
@@ -348,8 +366,11 @@ class WeightPublisher(WeightStreamServer):
             raise Refusal("unknown_version", message)
         return snapshot.manifest, snapshot.manifest_bytes, snapshot
 
-    def _open_collective(self, version: int, replicas: int, timeout_s: float) -> tuple[bytes, bytes]:
-        """The open group of `version`, or a new one (the first replica to ask opens it; one group per push)."""
+    def _open_collective(
+        self, version: int, replicas: int, timeout_s: float, device: str = "cpu"
+    ) -> tuple[bytes, bytes]:
+        """The open group of `version`, or a new one (the first replica to ask opens it; one group per push), for a
+        replica on `device`; Refusal ("unsupported") when that device cannot use the group's backend."""
         from fleetrl.weights.collective import CollectiveSender, encode_offer
 
         _, _, snapshot = self._open_session(version)  # Deferred while staging, Refusal when unknown
@@ -357,14 +378,26 @@ class WeightPublisher(WeightStreamServer):
             raise Refusal("unsupported", f"weight version {version} is a LoRA adapter: it goes over the weight stream")
         for done in [v for v, g in self._groups.items() if g.closed.is_set()]:
             del self._groups[done]
+        try:
+            backend = choose_backend(self.collective_backend, self.collective_device, device)
+        except ValueError as exc:
+            raise Refusal("unsupported", str(exc)) from None
         sender = self._groups.get(version)
+        if sender is not None and sender.backend != backend:
+            message = (
+                f"the group of weight version {version} broadcasts over {sender.backend} (opened for a replica on "
+                f"{sender.replica_device}); a replica on {device} would need {backend}: load it over the weight stream"
+            )
+            raise Refusal("unsupported", message)
         if sender is None:
             sender = CollectiveSender(
                 snapshot.manifest,
                 snapshot.payloads,
                 expected_replicas=replicas,
                 host=self._bind_host,
-                backend=self.collective_backend,
+                backend=backend,
+                device=self.collective_device,
+                replica_device=device,
                 bucket_bytes=self.collective_bucket_bytes,
                 join_timeout_s=self.collective_join_timeout_s,
                 timeout_s=timeout_s,

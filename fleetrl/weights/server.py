@@ -173,9 +173,12 @@ class WeightStreamServer:
     def _serve_finished(self) -> None:
         """The loop ended (or never bound): release the subclass's own resources."""
 
-    def _open_collective(self, version: int, replicas: int, timeout_s: float) -> tuple[bytes, bytes]:
-        """The reply frames (offer JSON, manifest) for the collective push of ``version`` to ``replicas`` replicas
-        (``fleetrl.weights.collective``); raise Refusal (the default: this server only streams) or Deferred."""
+    def _open_collective(
+        self, version: int, replicas: int, timeout_s: float, device: str = "cpu"
+    ) -> tuple[bytes, bytes]:
+        """The reply frames (offer JSON, manifest) for the collective push of ``version`` to ``replicas`` replicas,
+        the asking one on ``device`` (``fleetrl.weights.collective``); raise Refusal (the default: this server only
+        streams) or Deferred."""
         raise Refusal("unsupported", f"the {self.name} does not serve collective pushes")
 
     # -- the loop -----------------------------------------------------------------------------
@@ -366,11 +369,14 @@ class WeightStreamServer:
                 raise TypeError("version and replicas must be ints, replicas >= 1")
             if not 0 < timeout_s < 1e6:
                 raise ValueError(f"timeout_s {timeout_s} out of range")
+            device = request.get("device", "cpu")  # the replica's device ("cpu" or "cuda"); older replicas omit it
+            if device not in ("cpu", "cuda"):
+                raise ValueError(f"device must be 'cpu' or 'cuda', got {str(device)[:20]!r}")
         except (KeyError, TypeError, ValueError, RecursionError) as exc:
             self._refuse(sock, peer, "protocol", f"bad collective request: {str(exc)[:200]}")
             return
         try:
-            offer, manifest_bytes = self._open_collective(version, replicas, timeout_s)
+            offer, manifest_bytes = self._open_collective(version, replicas, timeout_s, device)
         except Refusal as refusal:
             self._refuse(sock, peer, refusal.reason, refusal.message)
             return

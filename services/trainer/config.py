@@ -87,6 +87,11 @@ class TrainerServiceConfig(BaseModel):
     def _check(self) -> TrainerServiceConfig:
         if not self.run.base_model:
             raise ValueError("run.base_model: the model to train is required (path or hub id)")
+        if self.run.collective_backend == "nccl" and not self.device.startswith("cuda"):
+            raise ValueError(
+                f"run.collective_backend: 'nccl' broadcasts from the trainer's GPU, but device is {self.device!r}; "
+                "set collective_backend 'auto' or 'gloo'"
+            )
         if self.run.teacher_model is not None and self.reference is None:
             raise ValueError(
                 f"reference: run.teacher_model = {self.run.teacher_model!r} needs the teacher's logprobs: pass "

@@ -317,7 +317,14 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
         max_message_bytes=config.max_group_mb << 20,
     )
     try:
-        publisher = WeightPublisher(f"tcp://{config.host}:{config.weights_port}", auth_token=token)
+        # A collective push's backend is chosen per push from run.collective_backend, this device and the
+        # replica's (fleetrl.weights.collective_plan.choose_backend): NCCL from this GPU where both are on CUDA.
+        publisher = WeightPublisher(
+            f"tcp://{config.host}:{config.weights_port}",
+            auth_token=token,
+            collective_backend=run.collective_backend,
+            collective_device=config.device,
+        )
     except Exception:
         receiver.stop()
         raise
