@@ -91,3 +91,39 @@ def test_prometheus_scrapes_every_judge_replica_apart_from_the_policys() -> None
     assert sd["names"] == ["judge"] and sd["port"] == int(command[command.index("--metrics-port") + 1])
     assert {"target_label": "component", "replacement": "judge"} in job["relabel_configs"]
     assert {"target_label": "run", "replacement": "__FLEETRL_RUN__"} in job["relabel_configs"]
+
+
+def test_the_dashboard_shows_the_judge_pool_apart_from_the_policy_replicas() -> None:
+    """A "Judge pool" row: the gateways' judge calls and retries, and the judge replicas' own inference metrics
+    (component="judge": compose's fleetrl-judge job and the chart's ServiceMonitor both set it); every other panel's
+    inference series leaves the judges out (component!="judge"), so a judge never shows as a policy replica."""
+    import json
+    import re
+
+    from tests.deploy.localstack import REPO
+
+    dashboard = json.loads((REPO / "monitoring" / "grafana" / "dashboards" / "fleetrl.json").read_text())
+    panels = dashboard["panels"]
+    (row,) = [i for i, p in enumerate(panels) if p["type"] == "row" and p["title"] == "Judge pool"]
+    judge_panels = panels[row + 1 :]
+    judge_exprs = [t["expr"] for p in judge_panels for t in p["targets"]]
+    assert any("fleetrl_gateway_judge_calls_total" in e for e in judge_exprs)
+    assert any("fleetrl_gateway_judge_retries_total" in e for e in judge_exprs)
+    judge_inference = [s for e in judge_exprs for s in re.findall(r"fleetrl_inference_\w+\{[^}]*\}", e)]
+    assert {s.split("{")[0] for s in judge_inference} >= {
+        "fleetrl_inference_tokens_per_second",
+        "fleetrl_inference_queue_depth",
+        "fleetrl_inference_in_flight_requests",
+    }
+    assert all('component="judge"' in s for s in judge_inference), judge_inference
+    policy = [t["expr"] for p in panels[:row] for t in p.get("targets", [])]
+    policy_inference = [s for e in policy for s in re.findall(r"fleetrl_inference_\w+\{[^}]*\}", e)]
+    assert policy_inference and all('component!="judge"' in s for s in policy_inference), policy_inference
+
+
+def test_the_gateways_can_read_the_judges_tokenizer() -> None:
+    """A gateway loads the judge's tokenizer from --judge-model (FLEETRL_JUDGE_MODEL=/models/judge) at start: the
+    judge's model folder is mounted there in the gateway's container too."""
+    env = env_example() | {"FLEETRL_JUDGE_DIR": "./models/judge", "FLEETRL_JUDGE_MODEL": "/models/judge"}
+    services = load_compose(COMPOSE_FILE, env)["services"]
+    assert "./models/judge:/models/judge:ro" in services["gateway"]["volumes"]

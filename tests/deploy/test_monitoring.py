@@ -75,6 +75,7 @@ def test_dashboard_loads_and_covers_the_issue_sections():
         "Waits",
         "Weight pushes",
         "Learning curves",
+        "Judge pool",
     ]
     for panel in dashboard["panels"]:
         if panel["type"] != "row":
