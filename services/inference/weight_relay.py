@@ -75,10 +75,18 @@ class ReplicaRelay:
             self._relay = relay
             left = max(timeout_s - (time.monotonic() - start), 1.0)
             try:
-                return await engine.load_weights(version, relay.address, auth_token=auth_token, timeout_s=left)
+                result = await engine.load_weights(version, relay.address, auth_token=auth_token, timeout_s=left)
             except BaseException:
                 await self._close()
                 raise
+            # The relay serves each piece as it arrives, before its own fetch has checked the tensor, so the engine
+            # can finish first: wait for the relay's last check, so that once this load returns the relay holds the
+            # version (`version`, what the controller records for catch-ups from this peer).
+            try:
+                await asyncio.to_thread(relay.wait, self.timeout_s)
+            except WeightTransferError as exc:
+                logger.warning("the engine loaded version %d, but this replica's relay holds none: %s", version, exc)
+            return result
 
     async def _open(self, upstream: str, version: int, auth_token: str | None, deadline: float) -> WeightRelay:
         # Probe first, with a short timeout: a peer that has not started this version yet still serves the
