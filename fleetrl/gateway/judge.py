@@ -33,18 +33,40 @@ def attach_judge(setup: RolloutSetup, config: GatewayConfig, tokenizer: Any) -> 
     sampler (the caller closes it), or None when the gateway was given no judge."""
     if not config.judge:
         return None
-    sampler = Sampler(
+    # Resolved: the names are not replicas, their addresses are (follow_judges fills the list).
+    return attach_judge_pool(
+        setup,
+        [] if config.judge_resolve_s is not None else list(config.judge),
         tokenizer,
+        base_url=config.judge_base_url,
+        model=config.judge_model,
         auth_token=config.auth_token,
         request_timeout_s=config.generate_timeout_s,
         replica_wait_s=config.replica_wait_s,
     )
-    # Resolved: the names are not replicas, their addresses are (follow_judges fills the list).
-    sampler.set_replicas([] if config.judge_resolve_s is not None else list(config.judge))
+
+
+def attach_judge_pool(
+    setup: RolloutSetup,
+    addresses: Sequence[str],
+    tokenizer: Any,
+    *,
+    base_url: str | None,
+    model: str | None,
+    auth_token: str | None,
+    request_timeout_s: float = 600.0,
+    replica_wait_s: float = 300.0,
+) -> Sampler:
+    """Put on `setup` a judge sampler over `addresses` (HOST:PORT of each judge replica), the judge's OpenAI base URL,
+    model and API key; returns the sampler (the caller closes it). A gateway's and `fleetrl eval`'s judge alike."""
+    sampler = Sampler(
+        tokenizer, auth_token=auth_token, request_timeout_s=request_timeout_s, replica_wait_s=replica_wait_s
+    )
+    sampler.set_replicas(list(addresses))
     setup.judge_sampler = sampler
-    setup.judge_base_url = config.judge_base_url
-    setup.judge_model = config.judge_model
-    setup.judge_api_key = config.auth_token
+    setup.judge_base_url = base_url
+    setup.judge_model = model
+    setup.judge_api_key = auth_token
     return sampler
 
 

@@ -8,8 +8,9 @@ adapter is merged into its base model under <log_path>/eval/merged first.
 
 Starts one inference replica (the `[up]` engine and `inference_args`) on the model, hands the evaluation function
 (`[up] evaluation`) the same `RolloutSetup` a gateway would, with `eval_dataset`'s rows, and prints its metrics as
-one JSON object (also written to `--out`). No controller or trainer: nothing is trained. Exit 0, or 2 on a bad
-config, 1 when the replica or the evaluation fails.
+one JSON object (also written to `--out`). A judge pool (`[up] judge_model`) starts as under `fleetrl up` and reaches
+the hook's rollouts as `setup.judge_sampler` / `judge_base_url`. No controller or trainer: nothing is trained.
+Exit 0, or 2 on a bad config, 1 when the replica or the evaluation fails.
 """
 
 from __future__ import annotations
@@ -39,10 +40,14 @@ async def evaluate_with(
     *,
     auth_token: str | None = None,
     rollout: str | None = None,
+    judges: list[str] | None = None,
+    judge_base_url: str | None = None,
+    judge_model: str | None = None,
 ) -> dict[str, float]:
     """The evaluation hook's metrics for the model served at `address` (an inference replica). fleetrl's
     `evaluate(setup, rows)` gets eval_dataset's rows; the current cookbook's `evaluation_fn(step, rollout_fn)` gets
-    step 0 and the rollout function the `rollout` factory builds (with evaluation=True)."""
+    step 0 and the rollout function the `rollout` factory builds (with evaluation=True). `judges` (HOST:PORT of each
+    judge replica), `judge_base_url` and `judge_model`: the judge pool, on the setup as a gateway puts it."""
     from transformers import AutoTokenizer
 
     from fleetrl.controller.dataset import load_rows
@@ -57,6 +62,14 @@ async def evaluate_with(
     sampler = Sampler(tokenizer, auth_token=auth_token, default_kwargs=run.sample_kwargs)
     sampler.set_replicas([address])
     setup = RolloutSetup.for_run(run, tokenizer, sampler)
+    judge_sampler = None
+    if judges:
+        from fleetrl.gateway.judge import attach_judge_pool
+
+        judge_tokenizer = AutoTokenizer.from_pretrained(judge_model) if judge_model else tokenizer
+        judge_sampler = attach_judge_pool(
+            setup, judges, judge_tokenizer, base_url=judge_base_url, model=judge_model, auth_token=auth_token
+        )
     try:
         if cookbook_shape:
             if rollout is None:
@@ -69,7 +82,20 @@ async def evaluate_with(
     finally:
         await setup.sessions.close()  # the agent session server, if the hook's rollouts opened sessions
         await sampler.close()
+        if judge_sampler is not None:
+            await judge_sampler.close()
     return {str(k): float(v) for k, v in dict(metrics or {}).items()}
+
+
+def judge_flags(flags: list[str]) -> dict[str, Any]:
+    """`evaluate_with`'s judge arguments from the gateway flags `judge_gateway_flags` writes."""
+    judges = [flags[i + 1] for i, flag in enumerate(flags) if flag == "--judge"]
+    named = {flag: flags[i + 1] for i, flag in enumerate(flags) if flag in ("--judge-base-url", "--judge-model")}
+    return {
+        "judges": judges,
+        "judge_base_url": named.get("--judge-base-url"),
+        "judge_model": named.get("--judge-model"),
+    }
 
 
 def servable_model(model: str, work_dir: Path, *, dtype: str = "float32") -> str:
@@ -103,10 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         check_model_path(model, "--model" if args.model else "run.base_model")
         if not up.evaluation:
             raise ConfigError("up.evaluation: the config names no evaluation function")
-        from fleetrl.up.run import evaluation_needs_rows, user_spec
+        from fleetrl.up.run import evaluation_needs_rows, judge_gateway_flags, start_judges, user_spec
 
         if not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: the config names no held-out rows")
+        if up.judge_model is not None:
+            check_model_path(up.judge_model, "up.judge_model")
     except (ConfigError, ModelNotFoundError) as exc:
         print(f"fleetrl eval: {exc}", file=sys.stderr)
         return 2
@@ -131,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             info = sup.wait_ready(replica, up.startup_timeout_s)
             startup.ready(replica)
         address = f"{info.get('host', '127.0.0.1')}:{info['grpc_port']}"
+        # The judge pool ([up] judge_model), started as fleetrl up starts it: the rollout's setup.judge_sampler.
+        judge = judge_flags(judge_gateway_flags(up, start_judges(sup, run, up, None, stream=sys.stderr)))
         metrics: dict[str, Any] = asyncio.run(
             evaluate_with(
                 address,
@@ -140,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.timeout,
                 auth_token=auth_token,
                 rollout=user_spec(up.rollout, args.config.parent),
+                **judge,
             )
         )
     except ServiceFailed as exc:

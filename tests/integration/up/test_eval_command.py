@@ -89,3 +89,52 @@ def test_eval_runs_a_cookbook_shaped_hook_with_the_runs_rollout_function(tmp_pat
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(result.stdout.strip().splitlines()[-1])
     assert (metrics["step"], metrics["evaluation"]) == (0.0, 1.0) and metrics["tokens"] >= 2
+
+
+JUDGE_HOOKS = """
+def make_rollout_fn(setup):
+    if setup.judge_sampler is None:
+        raise RuntimeError("no judge pool")
+
+    async def rollout_fn(row, *, evaluation=False):
+        prompt = setup.tokenizer.encode(row["prompt"])
+        (c,) = await setup.sampler.sample_with_prompt_tokens(prompt, n=1, **setup.sample_kwargs)
+        (verdict,) = await setup.judge_sampler.sample_with_prompt_tokens(c.full_tokens, n=1, max_tokens=2)
+        return {"judged": len(verdict.completion_tokens) > 0, "url": setup.judge_base_url, "model": setup.judge_model}
+
+    return rollout_fn
+
+
+async def evaluation_fn(step, rollout_fn):
+    results = [await rollout_fn({"prompt": f"{a}+{a}="}) for a in range(3)]
+    return {
+        "judged": sum(r["judged"] for r in results),
+        "url": all(r["url"].startswith("http://127.0.0.1:") and r["url"].endswith("/v1") for r in results),
+    }
+"""
+
+
+def test_eval_starts_the_judge_pool_for_the_runs_rollout(tmp_path, tiny_model_dir):
+    """[up] judge_model under `fleetrl eval`: the judge pool starts as under `fleetrl up` (judge_replicas frozen
+    replicas of the judge, judge-<i>.log), and the rollout factory's setup has its sampler and OpenAI base URL."""
+    from fleetrl.tiny_model import build_tiny_model
+
+    judge = str(build_tiny_model(tmp_path / "judge", seed=5))
+    (tmp_path / "hooks.py").write_text(JUDGE_HOOKS)
+    run = {"base_model": tiny_model_dir, "log_path": str(tmp_path / "run"), "max_completion_tokens": 4}
+    up = {
+        "rollout": "hooks.py:make_rollout_fn",
+        "evaluation": "hooks.py:evaluation_fn",
+        "engine": "hf",
+        "judge_model": judge,
+        "judge_replicas": 2,
+    }
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"run": run, "up": up}))
+    result = fleetrl_eval(config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (metrics["judged"], metrics["url"]) == (3.0, 1.0)
+    for i in range(2):
+        log = (tmp_path / "run" / "eval" / f"judge-{i}.log").read_text()
+        assert f"--model {judge}" in log and "serve inference" in log
