@@ -256,7 +256,7 @@ class HFEngine(InferenceEngine):
                 received = None
                 if group_replicas > 0:
                     received = await asyncio.to_thread(
-                        _fetch_collective, source, version, group_replicas, auth_token, timeout_s
+                        _fetch_collective, source, version, group_replicas, auth_token, timeout_s, str(self._device)
                     )
                 transport = "zmq" if received is None else "collective"
                 if received is None:
@@ -453,15 +453,19 @@ def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
 
 
 def _fetch_collective(
-    source: str, version: int, replicas: int, auth_token: str | None, timeout_s: float
+    source: str, version: int, replicas: int, auth_token: str | None, timeout_s: float, device: str = "cpu"
 ) -> tuple[Any, dict[str, torch.Tensor]] | None:
     """The version by broadcast in the trainer's group (fleetrl.weights.collective), or None: load it over the
-    weight stream (the group had closed, or joining or receiving failed; logged)."""
+    weight stream (the group had closed, or joining or receiving failed; logged). The request names the model's
+    `device`: under NCCL (trainer and replica on CUDA) the tensors arrive in a buffer on it, under gloo in host
+    memory."""
     from fleetrl.weights import WeightTransferError
     from fleetrl.weights.collective import fetch_collective
 
     try:
-        received = fetch_collective(source, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s)
+        received = fetch_collective(
+            source, version, replicas=replicas, auth_token=auth_token, timeout_s=timeout_s, device=device
+        )
     except WeightTransferError as exc:
         logger.warning("collective push of version %d failed (%s): loading it from the weight stream", version, exc)
         return None

@@ -570,6 +570,7 @@ class VLLMEngine(InferenceEngine):
                         logger.warning("collective push of version %d failed (%s): fetching it instead", version, exc)
                         await self._rpc("fleetrl_discard_staged", load_id)
                         del handle["collective"]
+                        handle["shared"] = self.shared_staging  # an NCCL group had every worker receive its own
                 if transport == "zmq":
                     transfer_s, checksum, nbytes = await self._stage(handle, time.monotonic(), timeout_s)
                 if self.weight_update == "transfer_api":
@@ -598,8 +599,12 @@ class VLLMEngine(InferenceEngine):
 
     async def _join_collective(self, handle: dict[str, Any], group_replicas: int) -> bool:
         """Ask the trainer's weight stream for the version's group and claim this replica's ranks (local rank 0
-        alone where the workers share one staged copy, else every worker); on success the workers' staging
-        handle carries the group and True is returned. False (logged): fetch over the stream instead."""
+        alone where the workers share one staged copy in host memory, else every worker: under NCCL each worker
+        receives into its own GPU); on success the workers' staging handle carries the group and True is returned.
+        False (logged): fetch over the stream instead. The request names this replica's device (the trainer picks
+        the backend from it and its own, ``collective_backend``)."""
+        from vllm.platforms import current_platform
+
         from fleetrl.weights import WeightTransferError
         from fleetrl.weights.collective import join_group, request_group
         from fleetrl.weights.manifest import encode_manifest
@@ -613,8 +618,10 @@ class VLLMEngine(InferenceEngine):
                 replicas=group_replicas,
                 auth_token=handle["auth_token"],
                 timeout_s=handle["timeout_s"],
+                device="cuda" if current_platform.is_cuda_alike() else "cpu",
             )
-            ranks = 1 if self.shared_staging and self._tp > 1 else self._tp
+            shared = self.shared_staging and offer.backend != "nccl"
+            ranks = 1 if shared and self._tp > 1 else self._tp
             membership = await asyncio.to_thread(join_group, offer, ranks)
         except WeightTransferError as exc:
             logger.warning("cannot join the group of version %d (%s): fetching it instead", version, exc)
@@ -629,6 +636,7 @@ class VLLMEngine(InferenceEngine):
             world_size=membership.world_size,
         )
         handle["collective"] = group
+        handle["shared"] = shared
         return True
 
     async def _stage(self, handle: dict[str, Any], started: float, floor_s: float) -> tuple[float, str, int]:

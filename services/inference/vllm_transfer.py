@@ -122,7 +122,8 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
         spec = expected_weight_spec(self.model_config.hf_config, served, self.model_config.model)
         staged = _Staged(load_id="direct", version=update_info.version)
         rank = int(update_info.collective["rank_offset"]) + int(self.parallel_config.rank)
-        _receive_collective_into(staged, {"collective": update_info.collective}, spec, rank, shared=False)
+        device = str(next(self.model.parameters()).device)  # under NCCL the version arrives on the model's GPU
+        _receive_collective_into(staged, {"collective": update_info.collective}, spec, rank, False, device)
         if staged.state != STAGE_READY:
             raise ValueError(f"weights version {update_info.version} by collective push: {staged.error}")
         return staged.tensors

@@ -306,19 +306,21 @@ def _fetch_shared_into(staged: _Staged, handle: dict[str, Any], spec: WeightSpec
 
 
 def _receive_collective_into(
-    staged: _Staged, handle: dict[str, Any], spec: WeightSpec, rank: int, shared: bool
+    staged: _Staged, handle: dict[str, Any], spec: WeightSpec, rank: int, shared: bool, device: str = "cpu"
 ) -> None:
     """One receiving worker of a collective push (``weight_transport = "collective"``, weights/collective.py):
     build the trainer's group as `rank`, receive the version's buckets and verify every tensor (runs in a
     background thread, like a fetch). With `shared` (local rank 0 of a tensor-parallel replica) the buffer is the
     replica's shared-memory copy, which the other ranks map as they would a fetched one. A version that does not
-    match the model is still received (the group's broadcast needs every member) and then reported failed."""
+    match the model is still received (the group's broadcast needs every member) and then reported failed.
+    `device` is the worker's: under NCCL its buffer is there (``receive_device``) and the tensors it loads are views
+    of it; under gloo host memory."""
     import torch
 
     from fleetrl.services.inference.engine import WeightLoadError
     from fleetrl.weights import WeightTransferError
     from fleetrl.weights.collective import GroupOffer, receive_into
-    from fleetrl.weights.collective_plan import flat_layout
+    from fleetrl.weights.collective_plan import flat_layout, receive_device
     from fleetrl.weights.manifest import decode_manifest
 
     start = time.perf_counter()
@@ -335,13 +337,15 @@ def _receive_collective_into(
             check_manifest(manifest, staged.version, spec)
         except (WeightLoadError, ValueError) as exc:
             mismatch = str(exc)
+        if shared and offer.backend != "gloo":
+            raise ValueError(f"a shared staged copy lives in host memory; the group broadcasts over {offer.backend}")
         if shared:
             staged.owned_files = (index_path, partial, data_path)
             with open(data_path, "wb") as out:
                 os.posix_fallocate(out.fileno(), 0, size)
             flat = torch.from_file(str(data_path), shared=True, size=size, dtype=torch.uint8)
         else:
-            flat = torch.empty(size, dtype=torch.uint8)
+            flat = torch.empty(size, dtype=torch.uint8, device=receive_device(offer.backend, device))
         tensors = receive_into(offer, rank, int(group["world_size"]), flat, skip=spec.optional)
         if mismatch:
             raise WeightLoadError(mismatch)
@@ -517,7 +521,8 @@ class WeightSwapExtension:
             # Collective push: local rank 0 alone receives a shared copy; without one, every worker receives its own.
             within = 0 if shared else int(self.local_rank)  # type: ignore[attr-defined]
             rank = int(handle["collective"]["rank_offset"]) + within
-            target, args = _receive_collective_into, (staged, dict(handle), spec, rank, shared)
+            device = str(getattr(self, "device", "cpu"))  # the worker's device (vLLM's workers set it)
+            target, args = _receive_collective_into, (staged, dict(handle), spec, rank, shared, device)
         threading.Thread(
             target=target,
             args=args,

@@ -52,6 +52,38 @@ async def test_a_vllm_and_an_hf_replica_receive_a_version_in_one_group(vllm_engi
             await conformance._restore(vllm_engine, publisher, original)
 
 
+async def test_replicas_off_cuda_are_refused_an_nccl_group_and_load_the_version_over_the_stream(
+    vllm_engine, tiny_model_dir
+):
+    """collective_backend "nccl" with the trainer on CUDA (a setting only: no group is built): the vLLM and the hf
+    replica name their device ("cpu") in the request, the trainer refuses them the NCCL group, and each loads the
+    version over ZeroMQ and serves it."""
+    original = conformance.load_reference(tiny_model_dir).state_dict()
+    new_state = conformance._perturbed(original, seed=31)
+    hf = HFEngine(tiny_model_dir)
+    await hf.start()
+    request = SamplingRequest([5, 6, 7], n=2, max_tokens=12, seed=3)
+    try:
+        version = max(vllm_engine.loaded_version, hf.loaded_version) + 1
+        with WeightPublisher(collective_backend="nccl", collective_device="cuda:0") as publisher:
+            manifest = publisher.publish(version, new_state)
+            results = await asyncio.gather(
+                vllm_engine.load_weights(version, publisher.address, timeout_s=60, group_replicas=2),
+                hf.load_weights(version, publisher.address, timeout_s=60, group_replicas=2),
+            )
+            assert not publisher.collective_senders
+            assert publisher.snapshot_counts()["requests_refused/unsupported"] == 2
+        assert [r.transport for r in results] == ["zmq", "zmq"]
+        assert all(r.version == version and r.checksum == manifest.checksum for r in results)
+        reference = conformance.load_reference(tiny_model_dir, new_state)
+        for engine in (vllm_engine, hf):
+            conformance.assert_logprobs_match(reference, request, await engine.generate(request))
+    finally:
+        await hf.shutdown()
+        with WeightPublisher() as publisher:
+            await conformance._restore(vllm_engine, publisher, original)
+
+
 async def test_vllms_update_weights_alone_receives_a_version_by_broadcast(vllm_engine, tiny_model_dir):
     """What a client that knows only vLLM's weight-transfer API sends: update_weights with the group it joined; the
     worker receives the version by broadcast inside the call (the "fleetrl_zmq" backend's `collective` field)."""
