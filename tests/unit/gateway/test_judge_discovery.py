@@ -89,3 +89,31 @@ async def test_a_failed_lookup_keeps_the_last_list() -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await sampler.close()
+
+
+async def test_a_running_gateway_follows_the_judge_name_and_stops_looking_when_it_stops() -> None:
+    """The gateway's run loop starts the lookup beside its work (the controller here never answers) and ends it with
+    the run: the judge sampler gets the name's addresses, and no lookup task outlives the gateway."""
+    from fleetrl import Config
+    from fleetrl.gateway.config import GatewayConfig
+    from fleetrl.gateway.worker import Gateway
+
+    run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
+    config = GatewayConfig(
+        run=run,
+        rollout="unused:unused",
+        controller_address="127.0.0.1:1",
+        judge=["localhost:7001"],
+        judge_resolve_s=0.05,
+    )
+    gateway = Gateway(config, rollout_factory=lambda setup: None)
+    task = asyncio.create_task(gateway.run())
+    try:
+        await async_wait_until(lambda: getattr(gateway, "judge_sampler", None) is not None, 30, "the judge sampler")
+        await async_wait_until(
+            lambda: "127.0.0.1:7001" in gateway.judge_sampler.replicas, 30, "the judge name's addresses"
+        )
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "judge-lookup" and not t.done()]
