@@ -323,7 +323,7 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
             f"tcp://{config.host}:{config.weights_port}",
             auth_token=token,
             collective_backend=run.collective_backend,
-            collective_device=config.device,
+            collective_device=config.device if config.device.startswith("cuda") else "cpu",
         )
     except Exception:
         receiver.stop()
