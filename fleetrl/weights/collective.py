@@ -284,6 +284,8 @@ class CollectiveSender:
                 return
             start = time.perf_counter()
             if self.device.type == "cuda":  # this thread's current device is the trainer's (NCCL binds to it)
+                if self.device.index is None:  # "cuda": the process's current device (set_device needs an index)
+                    self.device = torch.device("cuda", torch.cuda.current_device())
                 torch.cuda.set_device(self.device)
             group = _process_group(store, 0, self.world_size, self.backend, self._budget_s)
             try:
