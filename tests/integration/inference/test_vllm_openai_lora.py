@@ -82,8 +82,15 @@ async def test_requests_naming_the_model_run_on_the_newest_adapter_then_on_full_
         version = engine.loaded_version + 1
         await lora_checks.publish_and_load(engine, publisher, version, adapter)
         raw = await client.completions.with_raw_response.create(**_params(12, seed=3))
+        # Seeded, and min_tokens = max_tokens: the stream carries six tokens, whatever the random tiny model would
+        # sample first (unseeded, it sometimes ended at once, and the stream was only the role and finish chunks).
         stream = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=6,
+            seed=5,
+            stream=True,
+            extra_body={"min_tokens": 6},
         )
         chunks = [chunk async for chunk in stream]
     reply = raw.parse()
