@@ -41,6 +41,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import inspect
+import itertools
 import json
 import math
 import os
@@ -790,7 +791,8 @@ def check_trainer(ctx: Ctx) -> None:
     try:
         trainer = bench.use(**base)
         attn = getattr(trainer.model.config, "_attn_implementation", "?")
-        ctx.row("attention implementation", f"{attn} (packed rows: flash-attention varlen, else a block-diagonal mask)")
+        ctx.row("attention implementation", f"{attn} (packed rows: see the next row)")
+        packed_attention_row(ctx)
         m = bench.measure(uniform, s.timed_steps)
         ctx.row(f"{precision}, {packing}, checkpointing on: {rows_label}", describe(m), **m)
         if not have["compute_dtype"]:
@@ -824,6 +826,82 @@ def check_trainer(ctx: Ctx) -> None:
         search_micro_batch(ctx, bench)
     finally:
         bench.close()
+
+
+def packed_attention_row(ctx: Ctx) -> None:
+    """Packed rows through `varlen_sdpa`'s two paths: torch's varlen flash kernel (CUDA, bf16) and the per-sample
+    sdpa loop over host-side bounds; outputs and gradients compared, and the time of a forward and backward of each,
+    on a few long samples and on many short ones."""
+    import inspect as _inspect
+
+    import torch
+
+    from fleetrl.trainer import varlen_attention as va
+
+    s = ctx.sizes
+    dim = s.hidden // s.heads
+    dtype = torch.bfloat16 if ctx.cuda else torch.float32
+    kernel_ok = va.use_varlen_kernel(torch.empty(1, device=ctx.device, dtype=dtype))
+    gqa_native = kernel_ok and "enable_gqa" in _inspect.signature(va._torch_varlen()).parameters
+    long_mix = [*s.mix_lengths, *s.mix_lengths]
+    short_mix = [min(s.mix_lengths)] * 32
+
+    def run(fn: Callable[..., Any], inputs: tuple[Any, Any, Any]) -> tuple[Any, list[Any], float]:
+        q, k, v = (t.clone().requires_grad_(True) for t in inputs)
+        out = fn(q, k, v)
+        out.float().square().sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        sync(ctx)
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn(q, k, v).float().square().sum().backward()
+        sync(ctx)
+        return out.detach(), grads, (time.perf_counter() - t0) / 3
+
+    for lengths in (long_mix, short_mix):
+        g = torch.Generator(device=ctx.device).manual_seed(0)
+        n = sum(lengths)
+        inputs = (
+            torch.randn(1, s.heads, n, dim, device=ctx.device, dtype=dtype, generator=g),
+            torch.randn(1, s.kv_heads, n, dim, device=ctx.device, dtype=dtype, generator=g),
+            torch.randn(1, s.kv_heads, n, dim, device=ctx.device, dtype=dtype, generator=g),
+        )
+        host_cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+        bounds = {"cu_seq_lens_q": host_cu, "max_length_q": max(lengths)}
+
+        def loop(q: Any, k: Any, v: Any, bounds: dict[str, Any] = bounds) -> Any:
+            return va._per_sample_sdpa(q, k, v, [int(b) for b in bounds["cu_seq_lens_q"].tolist()], 0.0, None)
+
+        out_l, grads_l, loop_s = run(loop, inputs)
+        result = f"per-sample sdpa {loop_s * 1e3:.2f} ms"
+        extra: dict[str, Any] = {"loop_s": loop_s}
+        status = OK
+        if kernel_ok:
+            dev_cu = host_cu.to(ctx.device)
+
+            def kernel(q: Any, k: Any, v: Any, dev_cu: Any = dev_cu, longest: int = max(lengths)) -> Any:
+                return va._varlen_kernel(q, k, v, dev_cu, longest, None)
+
+            out_k, grads_k, kernel_s = run(kernel, inputs)
+            diff = max(
+                float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6))
+                for a, b in zip([out_k, *grads_k], [out_l.squeeze(0), *grads_l], strict=True)
+            )
+            status = OK if diff <= 0.02 else FAIL  # two kernels' bf16 roundings differ
+            result += (
+                f", torch varlen_attn {kernel_s * 1e3:.2f} ms (kv heads {'native' if gqa_native else 'repeated'}); "
+                f"largest difference of output and gradients {diff:.3g} of their largest value (tolerance 0.02)"
+            )
+            extra.update(kernel_s=kernel_s, max_diff=diff)
+        else:
+            result += "; torch varlen_attn: not used here (needs CUDA, bf16/fp16, torch >= 2.10)"
+        label = f"{len(lengths)} x {lengths[0]}" if len(set(lengths)) == 1 else str(lengths)
+        ctx.row(
+            f"packed attention, samples {label} ({s.heads} heads, {s.kv_heads} kv heads, dim {dim}, {dtype})",
+            f"fwd+bwd: {result}; varlen_sdpa uses {va.describe_choice(dtype, ctx.device)}",
+            status,
+            **extra,
+        )
 
 
 def search_micro_batch(ctx: Ctx, bench: TrainerBench) -> None:
@@ -900,7 +978,9 @@ def check_weight_push(ctx: Ctx) -> None:
     manifests: list[Any] = []
 
     def sink(version: int, state_dict: Any, **kwargs: Any) -> Any:
-        manifests.append(publisher.publish(version, state_dict, **kwargs))
+        # As the trainer service wires it (services/trainer/server.py): staged into reused pinned buckets, the
+        # step waits only for that copy, and checksums and serving follow in the background.
+        manifests.append(publisher.publish(version, state_dict, background=True, **kwargs))
         return manifests[-1]
 
     trainer.weight_sink = sink
@@ -947,14 +1027,35 @@ def check_weight_push(ctx: Ctx) -> None:
         free_memory(ctx)
 
         info = trainer.publish()
-        manifest = manifests[-1]
+        t0 = time.perf_counter()
+        manifest = manifests[-1].result(timeout=max(5.0, ctx.remaining() - 5))
+        ready_s = time.perf_counter() - t0
         sent = manifest.total_bytes
         ctx.row(
-            "publish (PolicyTrainer.publish -> WeightPublisher): the trainer's stall",
-            f"{info.seconds:.3f} s for {gb(sent)} ({rate(sent, info.seconds)}), {len(manifest.tensors)} tensors",
+            "publish, first version (pinned buckets allocated): the trainer's stall",
+            f"{info.seconds:.3f} s for {gb(sent)} ({rate(sent, info.seconds)}), {len(manifest.tensors)} tensors; "
+            f"checksummed and served {ready_s:.3f} s later, beside the next step",
             seconds=info.seconds,
             bytes=sent,
+            ready_s=ready_s,
         )
+        # The next version reuses the buckets: what every later version costs the step (the same call the
+        # trainer's publish makes, at the next version number, without training a step in between).
+        sync(ctx)
+        t0 = time.perf_counter()
+        staged = sink(info.version + 1, fdist.full_state_dict(trainer.model, trainer.ctx), **_publish_kwargs(trainer))
+        stall_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        manifest = staged.result(timeout=max(5.0, ctx.remaining() - 5))
+        ready_s = time.perf_counter() - t0
+        ctx.row(
+            "publish, next version (buckets reused): the trainer's stall",
+            f"{stall_s:.3f} s ({rate(sent, stall_s)}); checksummed and served {ready_s:.3f} s later, beside the "
+            f"next step",
+            seconds=stall_s,
+            ready_s=ready_s,
+        )
+        info = dataclasses.replace(info, version=info.version + 1, seconds=stall_s)
         result_file = ctx.workdir / "fetch.json"
         spec = {"address": publisher.address, "version": info.version, "device": ctx.device, "result": str(result_file)}
         argv = [ctx.python, str(Path(__file__).resolve()), "--worker", "fetch", "--spec", json.dumps(spec)]
@@ -981,6 +1082,16 @@ def check_weight_push(ctx: Ctx) -> None:
         publisher.close()
         del trainer
         free_memory(ctx)
+
+
+def _publish_kwargs(trainer: Any) -> dict[str, Any]:
+    """The cast `PolicyTrainer._do_publish` asks of the sink (the served dtype when it differs from the trainer's)."""
+    from fleetrl.trainer.model import torch_dtype
+
+    cfg = trainer.cfg
+    if cfg.inference_dtype not in (None, cfg.dtype):
+        return {"float_dtype": torch_dtype(cfg.inference_dtype)}
+    return {}
 
 
 def fetch_worker(spec: dict[str, Any]) -> int:
@@ -1276,8 +1387,15 @@ def time_limit(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def run_checks(ctx: Ctx, checks: tuple[tuple[int, str, Callable[[Ctx], None]], ...], only: set[int] | None) -> bool:
-    """Run `checks` in order; stop at the first failure (or when the budget is spent). True when none failed."""
+def run_checks(
+    ctx: Ctx,
+    checks: tuple[tuple[int, str, Callable[[Ctx], None]], ...],
+    only: set[int] | None,
+    *,
+    keep_going: bool = False,
+) -> bool:
+    """Run `checks` in order; stop at the first failure (unless `keep_going`: each check builds what it needs) or when
+    the budget is spent. True when none failed."""
     stop_reason = ""
     for number, title, fn in checks:
         if only is not None and number not in only:
@@ -1315,7 +1433,7 @@ def run_checks(ctx: Ctx, checks: tuple[tuple[int, str, Callable[[Ctx], None]], .
         ctx.report.checks.append(CheckSummary(number, title, status, round(time.perf_counter() - started, 1), error))
         print(f"check {number}: {status} in {time.perf_counter() - started:.1f} s {error}", flush=True)
         ctx.report.write(ctx.out)
-        if status == FAIL:
+        if status == FAIL and not keep_going:
             stop_reason = f"stopped at the first failure (check {number})"
     ctx.report.write(ctx.out)
     return not ctx.report.failed and not any(c.status == NOT_RUN for c in ctx.report.checks)
@@ -1368,6 +1486,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes (what the test suite runs)")
     parser.add_argument("--budget-s", type=float, help="the whole run's time (default 480 on GPU, 900 dry)")
     parser.add_argument("--only", help="comma-separated check numbers (default all)")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run the later checks after a failure (for a one-shot device session; the default stops at the first)",
+    )
     parser.add_argument("--peak-tflops", type=float, help="the chip's dense bf16 peak, for MFU (default by name)")
     parser.add_argument("--workdir", type=Path, help="scratch folder, kept (default a fresh one, removed at the end)")
     parser.add_argument("--worker", choices=["placement", "fetch"], help=argparse.SUPPRESS)
@@ -1412,7 +1535,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"gpu_check: {report.mode}, budget {budget:.0f} s, scratch {workdir}", flush=True)
     try:
-        ok = run_checks(ctx, CHECKS, only)
+        ok = run_checks(ctx, CHECKS, only, keep_going=args.keep_going)
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -23,6 +23,7 @@ would hand them logprobs where they expect logits.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,17 @@ class PackedBatch:
         return PackedBatch(
             self.input_ids_1N.to(device), self.position_ids_1N.to(device), self.targets_N.to(device), self.lengths
         )
+
+    def attention_bounds(self, device: torch.device | str | None = None) -> dict[str, Any]:
+        """The samples' bounds as transformers' flash-attention kwargs (`cu_seq_lens_q/k` int32, `max_length_q/k`),
+        computed once per forward: variable-length attention then needs no look at the position ids in each layer
+        (a device sync per layer on CUDA). The bounds stay on the host (what `varlen_sdpa` reads without a device
+        sync) unless `device` is given (flash-attention 2 reads them there)."""
+        cu = torch.tensor([0, *itertools.accumulate(self.lengths)], dtype=torch.int32)
+        if device is not None:
+            cu = cu.to(device)
+        longest = max(self.lengths)
+        return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
     def to_padded(self, values_N: torch.Tensor, width: int | None = None) -> torch.Tensor:
         """Per-token values `[N]` as right-padded rows `[B, width]` (zeros after each sample's end), keeping the
@@ -166,6 +178,8 @@ def packed_logprobs(
     `chunk_tokens` positions go through the vocabulary projection at a time (0: the whole row at once, through the
     model's own lm_head: full logits, for models the chunked head refuses)."""
     kwargs: dict[str, Any] = {"input_ids": batch.input_ids_1N, "position_ids": batch.position_ids_1N}
+    flash2 = getattr(getattr(model, "config", None), "_attn_implementation", None) == "flash_attention_2"
+    kwargs.update(batch.attention_bounds(batch.input_ids_1N.device if flash2 else None))
     if chunk_tokens <= 0:
         logits = model(**kwargs, use_cache=False).logits[0].float()
         if temperature != 1.0:

@@ -6,14 +6,22 @@ variable-length kernel (`flash_attn_varlen_func`): the trainer uses it on CUDA w
 installed. Without it, sdpa and eager build a block-diagonal [N, N] mask and compute attention over the whole row:
 (sum of lengths)^2 instead of the sum of the squares (on a 4096-token sample packed with a few hundred short ones,
 several times the work, and an N x N mask in memory). `varlen_sdpa` is the fallback that computes only what is
-needed: it splits the row at each position id 0 and runs `scaled_dot_product_attention(is_causal=True)` per sample
-(torch's flash or memory-efficient kernel on CUDA, its fused CPU kernel on CPU), with no mask at all. A batch that
-is not one packed row (padded rows, or a mask given) goes to transformers' own sdpa unchanged.
+needed. On CUDA in bf16/fp16, for a row of many samples (KERNEL_MIN_SAMPLES), it runs PyTorch's own
+variable-length flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) once over the whole row.
+Otherwise (few long samples, CPU, fp32, older torch) it splits the row into its samples and runs `scaled_dot_product_attention(is_causal=True)` per sample (torch's fused
+CPU kernel on CPU), with no mask at all. The samples' bounds come from `cu_seq_lens_q` / `max_length_q`, which the
+trainer passes with the forward (`fleetrl.trainer.logprobs.packed_logprobs`, transformers' flash-attention kwargs,
+computed once per forward on the host), else from the position ids (each 0 starts a sample). A batch that is not one
+packed row (padded rows, or a mask given) goes to transformers' own sdpa unchanged.
+
+On an H100 (bench/gpu_check.py) the per-sample loop first found the bounds from device position ids in every layer,
+a host sync per layer; the bounds now come from the host.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import itertools
 import logging
 from typing import Any
@@ -37,16 +45,38 @@ def varlen_sdpa(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention-function contract: query/key/value `[B, heads, T, D]` in, `[B, T, heads, D]` out."""
+    cu_seq_lens = kwargs.get("cu_seq_lens_q")
     position_ids = kwargs.get("position_ids")
-    if attention_mask is not None or position_ids is None or query.shape[0] != 1 or query.shape[2] == 1:
+    one_row = attention_mask is None and query.shape[0] == 1 and query.shape[2] > 1
+    if not one_row or (cu_seq_lens is None and position_ids is None):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     length = query.shape[2]
-    starts = torch.nonzero(position_ids.reshape(-1)[:length] == 0).flatten().tolist()
-    if not starts or starts[0] != 0:
-        starts = [0, *starts]
-    bounds = [*starts, length]
+    if cu_seq_lens is not None:
+        samples = int(cu_seq_lens.numel()) - 1
+        if use_varlen_kernel(query, dropout, samples):
+            max_length = int(kwargs.get("max_length_q") or length)
+            return _varlen_kernel(query, key, value, cu_seq_lens, max_length, scaling).unsqueeze(0), None
+        bounds = [int(b) for b in cu_seq_lens.tolist()]  # host-side bounds: no device sync
+    else:
+        starts = torch.nonzero(position_ids.reshape(-1)[:length] == 0).flatten().tolist()
+        if not starts or starts[0] != 0:
+            starts = [0, *starts]
+        bounds = [*starts, length]
+    return _per_sample_sdpa(query, key, value, bounds, dropout, scaling), None
+
+
+def _per_sample_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: list[int],
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal sdpa over each sample `bounds[i]:bounds[i+1]` of a packed row: `[1, heads, N, D]` in, `[1, N, heads, D]`
+    out."""
     gqa = key.shape[1] != query.shape[1]
     parts = [
         F.scaled_dot_product_attention(
@@ -61,7 +91,71 @@ def varlen_sdpa(
         for s, e in itertools.pairwise(bounds)
         if e > s
     ]
-    return torch.cat(parts, dim=2).transpose(1, 2).contiguous(), None
+    return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
+
+
+def _torch_varlen() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+# Packed rows with at least this many samples go through torch's varlen kernel on CUDA; fewer, longer samples
+# through the per-sample loop. Measured on an H100 (torch 2.11, bf16, 12 heads, 2 kv heads, dim 128; forward and
+# backward): samples [4096, 256, 4096, 256]: loop 2.01 ms, kernel 2.44 ms; 32 x 256: loop 8.07 ms (a launch per
+# sample per layer), kernel 1.33 ms. 8 lies between the two measured points (docs/benchmarks.md, GPU check).
+KERNEL_MIN_SAMPLES = 8
+
+
+def use_varlen_kernel(query: torch.Tensor, dropout: float = 0.0, samples: int | None = None) -> bool:
+    """Whether PyTorch's variable-length flash kernel serves `query` (a packed row of `samples` samples): CUDA, bf16
+    or fp16, no dropout, torch >= 2.10, and at least KERNEL_MIN_SAMPLES samples."""
+    return (
+        query.is_cuda
+        and query.dtype in (torch.bfloat16, torch.float16)
+        and dropout == 0.0
+        and (samples is None or samples >= KERNEL_MIN_SAMPLES)
+        and _torch_varlen() is not None
+    )
+
+
+def describe_choice(dtype: torch.dtype, device: torch.device | str) -> str:
+    """Which path `varlen_sdpa` takes for packed rows of `dtype` on `device`, in words."""
+    probe = torch.empty(1, dtype=dtype, device=device)
+    if not use_varlen_kernel(probe):
+        return "the per-sample sdpa loop"
+    return f"torch varlen_attn for rows of {KERNEL_MIN_SAMPLES} or more samples, else the per-sample sdpa loop"
+
+
+def _varlen_kernel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    max_length: int,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One causal flash-attention call over a packed row: query/key/value `[1, heads, N, D]` in, `[N, heads, D]` out."""
+    varlen_attn = _torch_varlen()
+    params = inspect.signature(varlen_attn).parameters
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [N, heads, D]
+    extra: dict[str, Any] = {}
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in params:
+            extra["enable_gqa"] = True
+        else:
+            repeat = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    if "window_size" in params:  # torch >= 2.11
+        extra["window_size"] = (-1, 0)
+    else:  # torch 2.10
+        extra["is_causal"] = True
+    if scaling is not None and "scale" in params:
+        extra["scale"] = scaling
+    cu = cu_seq_lens.to(device=q.device, dtype=torch.int32, non_blocking=True)
+    return varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), cu, cu, max_length, max_length, **extra)
 
 
 def _register() -> None:

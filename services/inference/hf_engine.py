@@ -102,8 +102,8 @@ class HFEngine(InferenceEngine):
         device: str = "cpu",
     ) -> None:
         """max_lora_rank: the largest LoRA adapter rank accepted (0 = full-weight versions only); device: where the
-        model, its KV cache and the batch live (cpu, cuda, cuda:1; sampling runs on the CPU, one row's
-        generator each)."""
+        model, its KV cache, the batch and sampling live (cpu, cuda, cuda:1; each row's seeded CPU generator
+        draws one number per token)."""
         self.model_path = str(model_path)
         self._device = torch.device(device)
         self.loaded_version = 0
@@ -372,18 +372,19 @@ class HFEngine(InferenceEngine):
     def _sample_and_record(self, logits_BV: torch.Tensor, new_rows: int) -> None:
         """Sample for the last `new_rows` rows of the batch (all rows after a decode step)."""
         offset = len(self._batch) - new_rows
-        logits_BV = logits_BV.cpu()  # sampling (per-row CPU generators) runs on the CPU
+        # Sampling runs where the logits are (the engine's device); each row's CPU generator draws its uniform.
         seqs: list[_Seq] = self._batch.rows[offset:]
         reqs = [s.group.request for s in seqs]
-        temperature_B = torch.tensor([r.temperature for r in reqs], dtype=torch.float32)
+        device = logits_BV.device
+        temperature_B = torch.tensor([r.temperature for r in reqs], dtype=torch.float32, device=device)
         logprobs_BV = processed_logprobs(
             logits_BV,
             temperature_B,
-            torch.tensor([r.top_k for r in reqs], dtype=torch.long),
-            torch.tensor([r.top_p for r in reqs], dtype=torch.float32),
+            torch.tensor([r.top_k for r in reqs], dtype=torch.long, device=device),
+            torch.tensor([r.top_p for r in reqs], dtype=torch.float32, device=device),
         )
         token_B, logprob_B = sample_tokens(logprobs_BV, temperature_B <= 0, [s.generator for s in seqs])
-        self._batch.next_B[offset:] = token_B.to(self._batch.device)
+        self._batch.next_B[offset:] = token_B
         version = self.loaded_version
         positions = self._batch.pos_B[offset:].tolist()
         for seq, token, logprob, pos in zip(seqs, token_B.tolist(), logprob_B.tolist(), positions, strict=True):

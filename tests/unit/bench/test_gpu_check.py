@@ -64,6 +64,23 @@ def test_stops_at_the_first_failure(tmp_path):
     assert report["failed"]
 
 
+def test_keep_going_runs_the_checks_after_a_failure(tmp_path):
+    ran = []
+
+    def good(ctx):
+        ran.append(ctx.current_check)
+
+    def bad(ctx):
+        ran.append(ctx.current_check)
+        raise gc.CheckFailed("the step broke")
+
+    ctx = _ctx(tmp_path)
+    ok = gc.run_checks(ctx, ((1, "one", good), (2, "two", bad), (3, "three", good)), None, keep_going=True)
+    assert not ok and ran == [1, 2, 3]
+    report = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [(c["check"], c["status"]) for c in report["checks"]] == [(1, "ok"), (2, "FAIL"), (3, "ok")]
+
+
 def test_an_unexpected_error_and_a_failed_row_are_failures(tmp_path):
     def raises(ctx):
         raise RuntimeError("CUDA error")

@@ -214,3 +214,73 @@ def test_sequence_logprobs_run_one_packed_row_with_the_padded_numbers(model):
         with torch.no_grad():
             alone, _ = target_logprobs(model, ids[:, :-1], ids[:, 1:], temperature=0.8)
         assert torch.allclose(torch.tensor(row), alone[0], atol=1e-5)
+
+
+def _qkv(lengths, heads=4, kv_heads=2, dim=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n = sum(lengths)
+    q = torch.randn(1, heads, n, dim, generator=g)
+    k = torch.randn(1, kv_heads, n, dim, generator=g)
+    v = torch.randn(1, kv_heads, n, dim, generator=g)
+    return q, k, v
+
+
+def _per_sample(q, k, v, lengths):
+    out, start = [], 0
+    for n in lengths:
+        sl = slice(start, start + n)
+        out.append(
+            torch.nn.functional.scaled_dot_product_attention(
+                q[:, :, sl], k[:, :, sl], v[:, :, sl], is_causal=True, enable_gqa=True
+            )
+        )
+        start += n
+    return torch.cat(out, dim=2).transpose(1, 2)
+
+
+def test_variable_length_attention_takes_the_bounds_the_trainer_passes_not_the_position_ids():
+    """packed_logprobs passes the samples' bounds (cu_seq_lens) once per forward; each layer's attention uses them
+    and needs no position ids (on CUDA, reading position ids cost a device sync in every layer)."""
+    from fleetrl.trainer.logprobs import pack
+    from fleetrl.trainer.varlen_attention import varlen_sdpa
+
+    lengths = [5, 3, 7]
+    q, k, v = _qkv(lengths)
+    batch = pack([[1] * n for n in lengths], [[1] * n for n in lengths])
+    bounds = batch.attention_bounds()
+    assert bounds["cu_seq_lens_q"].tolist() == [0, 5, 8, 15] and bounds["max_length_q"] == 7
+    out, _ = varlen_sdpa(torch.nn.Module(), q, k, v, None, **bounds)  # no position ids at all
+    torch.testing.assert_close(out, _per_sample(q, k, v, lengths))
+
+
+def test_the_cuda_kernel_path_gets_the_row_as_tokens_by_heads_and_causal_bounds(monkeypatch):
+    """The layout handed to torch's varlen_attn (a CUDA-only kernel, stood in for here by per-sample sdpa over the
+    same arguments): [N, heads, D] tensors, int32 cumulative bounds, causal, grouped kv heads expanded."""
+    from fleetrl.trainer import varlen_attention
+
+    calls = []
+
+    def fake_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1), scale=None):
+        calls.append((query.shape, key.shape, cu_seq_q.dtype, max_q, window_size))
+        assert window_size == (-1, 0) and torch.equal(cu_seq_q, cu_seq_k)
+        out = []
+        for s, e in zip(cu_seq_q[:-1].tolist(), cu_seq_q[1:].tolist(), strict=True):
+            qs, ks, vs = (t[s:e].transpose(0, 1) for t in (query, key, value))
+            out.append(
+                torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale).transpose(
+                    0, 1
+                )
+            )
+        return torch.cat(out)
+
+    monkeypatch.setattr(varlen_attention, "_torch_varlen", lambda: fake_varlen_attn)
+    monkeypatch.setattr(varlen_attention, "use_varlen_kernel", lambda query, dropout=0.0, samples=None: True)
+    lengths = [4, 9, 2]
+    q, k, v = _qkv(lengths, seed=1)
+    from fleetrl.trainer.logprobs import pack
+
+    bounds = pack([[1] * n for n in lengths], [[1] * n for n in lengths]).attention_bounds()
+    out, _ = varlen_attention.varlen_sdpa(torch.nn.Module(), q, k, v, None, scaling=0.5, **bounds)
+    assert calls == [((15, 4, 8), (15, 4, 8), torch.int32, 9, (-1, 0))]
+    expected = _per_sample(q * (0.5 * 8**0.5), k, v, lengths)  # scale 0.5 instead of 1/sqrt(8)
+    torch.testing.assert_close(out, expected)
