@@ -6,13 +6,14 @@ variable-length kernel (`flash_attn_varlen_func`): the trainer uses it on CUDA w
 installed. Without it, sdpa and eager build a block-diagonal [N, N] mask and compute attention over the whole row:
 (sum of lengths)^2 instead of the sum of the squares (on a 4096-token sample packed with a few hundred short ones,
 several times the work, and an N x N mask in memory). `varlen_sdpa` is the fallback that computes only what is
-needed. On CUDA in bf16/fp16, for a row of many samples (KERNEL_MIN_SAMPLES), it runs PyTorch's own
-variable-length flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) once over the whole row.
-Otherwise (few long samples, CPU, fp32, older torch) it splits the row into its samples and runs `scaled_dot_product_attention(is_causal=True)` per sample (torch's fused
-CPU kernel on CPU), with no mask at all. The samples' bounds come from `cu_seq_lens_q` / `max_length_q`, which the
-trainer passes with the forward (`fleetrl.trainer.logprobs.packed_logprobs`, transformers' flash-attention kwargs,
-computed once per forward on the host), else from the position ids (each 0 starts a sample). A batch that is not one
-packed row (padded rows, or a mask given) goes to transformers' own sdpa unchanged.
+needed. On CUDA in bf16/fp16, for a row of many samples (KERNEL_MIN_SAMPLES), it runs PyTorch's own variable-length
+flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) once over the whole row. Otherwise (few long
+samples, CPU, fp32, older torch) it splits the row into its samples and runs
+`scaled_dot_product_attention(is_causal=True)` per sample (torch's fused CPU kernel on CPU), with no mask at all.
+The samples' bounds come from `cu_seq_lens_q` / `max_length_q`, which the trainer passes with the forward
+(`fleetrl.trainer.logprobs.packed_logprobs`, transformers' flash-attention kwargs, computed once per forward on the
+host), else from the position ids (each 0 starts a sample). A batch that is not one packed row (padded rows, or a
+mask given) goes to transformers' own sdpa unchanged.
 
 On an H100 (bench/gpu_check.py) the per-sample loop first found the bounds from device position ids in every layer,
 a host sync per layer; the bounds now come from the host.
