@@ -51,6 +51,7 @@ from fleetrl.services.inference.engine import (
 from fleetrl.services.inference.hf_batch import KVBatch
 from fleetrl.services.inference.lora import plan_adapter
 from fleetrl.services.inference.sampling import processed_logprobs, sample_tokens
+from fleetrl.weights.host_memory import return_freed_memory
 
 logger = logging.getLogger(__name__)
 _RATE_WINDOW_S = 10.0
@@ -290,6 +291,9 @@ class HFEngine(InferenceEngine):
                 self._lora_adapted = adapted
             else:  # a full model is the new base: nothing holds an adapter's delta any more
                 self._lora_base, self._lora_adapted = {}, frozenset()
+            # The received copy (a whole model for a full version) is gone now: give its pages back to the OS.
+            del received, tensors, swap
+            await asyncio.to_thread(return_freed_memory)
             return LoadResult(version, manifest.checksum, transfer_s, pause_s, transport)
 
     def _merge_adapter(
@@ -321,6 +325,8 @@ class HFEngine(InferenceEngine):
         except Exception as exc:  # validated beforehand, so this is a bug; surface it to the caller
             swap.done.set_exception(WeightLoadError(f"swap to version {swap.version}: {exc!r}"))
             raise
+        finally:
+            swap.tensors = {}  # the worker keeps `swap` while it idles: it must not keep the received copy alive
         self.loaded_version = swap.version
         self.loaded_checksum = swap.checksum
         swap.done.set_result(time.perf_counter() - start)

@@ -77,3 +77,34 @@ async def test_bad_weight_loads_are_rejected_and_old_version_serves(engine, tiny
 
 async def test_a_swap_mid_generation_versions_tokens(engine, tiny_model_dir):
     await conformance.check_swap_mid_generation(engine, tiny_model_dir)
+
+
+async def test_an_idle_engine_keeps_no_copy_of_the_weights_it_received(engine, monkeypatch):
+    """After a swap the received tensors (a whole model for a full version) are dropped even while the engine
+    idles (its worker kept the last swap, and with it the copy, until its next step), and their pages go back to
+    the OS (fleetrl.weights.host_memory)."""
+    import gc
+    import weakref
+
+    import fleetrl.weights
+    from fleetrl.weights import WeightPublisher
+    from fleetrl.weights.fetch import fetch_weights
+
+    refs: list[weakref.ref] = []
+
+    def recording_fetch(*args, **kwargs):
+        manifest, tensors = fetch_weights(*args, **kwargs)
+        refs.extend(weakref.ref(t) for t in tensors.values())
+        return manifest, tensors
+
+    monkeypatch.setattr(fleetrl.weights, "fetch_weights", recording_fetch, raising=False)
+    version = engine.loaded_version + 1
+    publisher = WeightPublisher()
+    try:
+        publisher.publish(version, {n: t.detach().clone() for n, t in engine._state.items()})
+        await engine.load_weights(version, publisher.address)
+    finally:
+        publisher.close()
+    gc.collect()
+    assert refs and engine.loaded_version == version
+    assert [r for r in refs if r() is not None] == []
