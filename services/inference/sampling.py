@@ -70,6 +70,8 @@ def sample_tokens(
     # Rounding can put the target at the total itself: take the last token with a share (the first index where
     # the sum reaches the total), never one without.
     last_B1 = torch.searchsorted(cdf_BV, total_B1, right=False)
-    drawn_B = torch.minimum(drawn_B1, last_B1).squeeze(1)
+    # Clamped into the vocabulary: non-finite logits (a broken model) must not index past it (on CUDA, a device-side
+    # assert that poisons the whole context); what they draw is meaningless either way.
+    drawn_B = torch.minimum(drawn_B1, last_B1).squeeze(1).clamp_(max=logprobs_BV.shape[-1] - 1)
     token_B = torch.where(greedy_B.to(device), logprobs_BV.argmax(dim=-1), drawn_B)
     return token_B, logprobs_BV.gather(1, token_B[:, None]).squeeze(1)

@@ -105,3 +105,9 @@ def test_a_152k_vocabulary_batch_samples_in_one_pass_per_step() -> None:
         torch.rand(1, generator=fresh, dtype=torch.float64)
         assert torch.equal(fresh.get_state(), g.get_state())  # exactly one draw per row
     assert tokens.shape == (32,) and torch.equal(logprobs, lp.gather(1, tokens[:, None]).squeeze(1))
+
+
+def test_non_finite_logprobs_still_draw_a_token_inside_the_vocabulary() -> None:
+    lp = torch.full((2, 5), float("nan"))
+    tokens, _ = sample_tokens(lp, torch.tensor([False, False]), [torch.Generator().manual_seed(s) for s in (1, 2)])
+    assert ((tokens >= 0) & (tokens < 5)).all()
