@@ -83,6 +83,7 @@ class _Swap:
     version: int
     checksum: str
     tensors: dict[str, torch.Tensor]
+    adapted: frozenset[str] | None  # the weights an adapter version adapts; None for a full version
     done: Future = field(default_factory=Future)
 
 
@@ -275,22 +276,38 @@ class HFEngine(InferenceEngine):
             else:
                 await asyncio.to_thread(check_state_dict_matches, self._specs, tensors, optional=self._aliases)
             transfer_s = time.perf_counter() - start
-            swap = _Swap(version=version, checksum=manifest.checksum, tensors=tensors)
+            swap = _Swap(
+                version=version,
+                checksum=manifest.checksum,
+                tensors=tensors,
+                adapted=adapted if manifest.is_adapter else None,
+            )
             with self._cv:
                 self._swap = swap
                 self._cv.notify_all()
-            try:  # the worker copies the tensors in between two steps: bounded like a transfer of those bytes
-                swap_timeout_s = transfer_timeout_s(timeout_s, manifest.total_bytes)
-                pause_s = await asyncio.wait_for(asyncio.wrap_future(swap.done), swap_timeout_s)
+            # The worker copies the tensors in between two steps: bounded like a transfer of those bytes. The wait is
+            # shielded: a timeout must not cancel a swap the worker has already taken (it would then finish a
+            # cancelled future and die: seen when a SIGSTOPped replica was resumed past its timeout).
+            done = asyncio.wrap_future(swap.done)
+            try:
+                pause_s = await asyncio.wait_for(
+                    asyncio.shield(done), transfer_timeout_s(timeout_s, manifest.total_bytes)
+                )
             except TimeoutError:
                 with self._cv:
-                    if self._swap is swap:  # not started: withdraw it, the old weights stay
+                    withdrawn = self._swap is swap
+                    if withdrawn:  # not started: withdraw it, the old weights stay
                         self._swap = None
-                raise WeightLoadError(f"the swap to version {version} timed out") from None
-            if manifest.is_adapter:
-                self._lora_adapted = adapted
-            else:  # a full model is the new base: nothing holds an adapter's delta any more
-                self._lora_base, self._lora_adapted = {}, frozenset()
+                if withdrawn:
+                    raise WeightLoadError(f"the swap to version {version} timed out") from None
+                logger.warning("the swap to version %d started before its timeout: waiting for it to finish", version)
+                pause_s = await done  # a copy in memory, under way
+            except asyncio.CancelledError:  # the caller went away: withdraw the swap unless the worker has it
+                with self._cv:
+                    if self._swap is swap:
+                        self._swap = None
+                swap.done.cancel()  # no effect once the worker runs it; it then finishes it whole
+                raise
             # The received copy (a whole model for a full version) is gone now: give its pages back to the OS.
             del received, tensors, swap
             await asyncio.to_thread(return_freed_memory)
@@ -317,6 +334,9 @@ class HFEngine(InferenceEngine):
         return merged, adapted
 
     def _apply_swap(self, swap: _Swap) -> None:
+        if not swap.done.set_running_or_notify_cancel():  # withdrawn meanwhile: the old weights stay
+            swap.tensors = {}
+            return
         start = time.perf_counter()
         try:
             with torch.no_grad():
@@ -329,6 +349,10 @@ class HFEngine(InferenceEngine):
             swap.tensors = {}  # the worker keeps `swap` while it idles: it must not keep the received copy alive
         self.loaded_version = swap.version
         self.loaded_checksum = swap.checksum
+        if swap.adapted is not None:
+            self._lora_adapted = swap.adapted
+        else:  # a full model is the new base: nothing holds an adapter's delta any more
+            self._lora_base, self._lora_adapted = {}, frozenset()
         swap.done.set_result(time.perf_counter() - start)
 
     # ----- the worker -----
