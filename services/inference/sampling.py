@@ -59,7 +59,7 @@ def sample_tokens(
 
     Inverse-CDF sampling: each row's generator (a CPU generator) draws one uniform number, and the whole batch is
     searched in its cumulative distribution at once, on the logprobs' device. A per-row `torch.multinomial` over
-    a 152k vocabulary cost about 5 ms a row on the CPU (0.17 s a step for 32 rows), which made an H100 generate
+    a 152k vocabulary cost about 5 ms a row on the CPU (0.13-0.17 s a step for 32 rows), which made an H100 generate
     123 tokens/s (bench/gpu_check.py, check 5). The cumulative sum accumulates in float64, so the last tokens of a long
     vocabulary keep their share; a token of probability 0 (outside top-k / top-p) is never drawn."""
     device = logprobs_BV.device
