@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ def write_ready_file(path: str | Path, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def wait_ready_file(path: str | Path, timeout_s: float, process: subprocess.Popen[Any] | None = None) -> dict[str, Any]:
+def wait_ready_file(path: str | Path, timeout_s: float, process: Any = None) -> dict[str, Any]:
     """The ready file's content once it exists; raises TimeoutError, or RuntimeError if `process` exits."""
     path = Path(path)
     deadline = time.monotonic() + timeout_s

@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from fleetrl.tiny_model import build_tiny_model
+from fleetrl.up.preload import SOCKET_ENV
 from tests.lanes import pytest_collection_finish, pytest_deselected  # noqa: F401  (CI's lane check, .ci/run)
 from tests.skip_policy import (  # noqa: F401  (pytest finds hooks by name: the expected skips, FLEETRL_STRICT_SKIPS)
     pytest_collectreport,
@@ -20,6 +24,7 @@ from tests.skip_policy import (  # noqa: F401  (pytest finds hooks by name: the 
     pytest_sessionstart,
     pytest_terminal_summary,
 )
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -45,3 +50,38 @@ def _clean_env_and_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random Qwen2 model + byte-level BPE tokenizer in HF format, built once per session."""
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_model") / "qwen2"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _preload_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A session that runs slow tests forks the services of its `fleetrl up` runs from one preload server
+    (fleetrl/up/preload.py): torch and transformers are imported once, not in every service of every run.
+    FLEETRL_TEST_NO_PRELOAD=1 starts every service as a new process instead (the ordinary start, which
+    tests/integration/up/test_preload.py and the runs that set their own environment still exercise)."""
+    wanted = any(item.get_closest_marker("slow") for item in request.session.items)
+    if not wanted or os.environ.get("FLEETRL_TEST_NO_PRELOAD") or os.environ.get(SOCKET_ENV):
+        yield
+        return
+    socket_path = tmp_path_factory.mktemp("preload") / "preload.sock"
+    log = open(socket_path.with_name("preload.log"), "ab")  # noqa: SIM115 - the server's output, for a failure
+    server = subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.up.preload", "--socket", str(socket_path)],
+        cwd=Path(__file__).resolve().parents[1],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_until(lambda: socket_path.exists() or server.poll() is not None, 300, "the preload server")
+        if server.poll() is not None:
+            raise RuntimeError(f"the preload server exited: {socket_path.with_name('preload.log').read_text()}")
+        os.environ[SOCKET_ENV] = str(socket_path)
+        yield
+    finally:
+        os.environ.pop(SOCKET_ENV, None)
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
+        log.close()

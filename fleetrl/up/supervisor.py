@@ -12,9 +12,22 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleetrl.ready_file import wait_ready_file
+from fleetrl.up import preload
+
+
+class ServiceProcess(Protocol):
+    """What the supervisor needs of a child: a `subprocess.Popen`, or a service forked by the preload server
+    (fleetrl/up/preload.py)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 @dataclass
@@ -23,7 +36,7 @@ class Child:
     kind: str
     argv: list[str]
     log_path: Path
-    process: subprocess.Popen[bytes]
+    process: ServiceProcess
     ready_file: Path | None = None
     info: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment (a restart reuses it)
@@ -88,22 +101,41 @@ class Supervisor:
         launcher = torchrun_argv(nproc) if launcher is None else launcher
         argv = [sys.executable, *launcher, "-m", "fleetrl", "serve", kind, *args]
         log_path = self.log_dir / f"{name}.log"
+        child_env = {**self.env, **(env or {})}
         with open(log_path, "ab") as log_file:
             log_file.write(f"$ {' '.join(argv)}\n".encode())
             log_file.flush()
-            process = subprocess.Popen(
-                argv,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**self.env, **(env or {})},
-                start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
-                preexec_fn=_die_with_parent,
-                pass_fds=self.keep_fds,
-            )
+            process = self._preloaded(argv, child_env, log_file) if not launcher else None
+            if process is None:
+                process = subprocess.Popen(
+                    argv,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=child_env,
+                    start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
+                    preexec_fn=_die_with_parent,
+                    pass_fds=self.keep_fds,
+                )
         child = Child(name, kind, argv, log_path, process, ready_file, env=dict(env or {}))
         self.children.append(child)
         return child
+
+    def _preloaded(self, argv: list[str], env: dict[str, str], log_file: Any) -> ServiceProcess | None:
+        """`argv` forked by the preload server that FLEETRL_PRELOAD_SOCKET names, if one is set and it starts it;
+        None to start it the ordinary way. The log says which."""
+        socket_path = self.env.get(preload.SOCKET_ENV)
+        if not socket_path:
+            return None
+        try:
+            process = preload.spawn(socket_path, argv, env, os.getcwd(), log_file.fileno(), self.keep_fds)
+        except preload.PreloadUnavailable as exc:
+            log_file.write(f"(started as a new process: {exc})\n".encode())
+            log_file.flush()
+            return None
+        log_file.write(f"(forked by the preload server at {socket_path}: pid {process.pid})\n".encode())
+        log_file.flush()
+        return process
 
     def wait_ready(self, child: Child, timeout_s: float, peers: Sequence[Child] = ()) -> dict[str, Any]:
         """`child`'s ready file; fails if it, or one of `peers` (the other agents of a multi-node service), exits."""
