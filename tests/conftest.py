@@ -46,6 +46,19 @@ def _clean_env_and_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         monkeypatch.delenv(key, raising=False)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _restore_environment(_session_environment: dict[str, str]) -> Iterator[None]:
+    """Each test module ends with the process environment back as the session began. Libraries loaded in-process
+    set variables while importing or starting (vLLM sets TORCHINDUCTOR_*, PYTORCH_NVML_BASED_CUDA_CHECK,
+    LD_LIBRARY_PATH...), some in fixtures shared by a package of modules: left in place they would reach every
+    later test's `fleetrl up` and its services, which would then see an environment no user's shell has (and could
+    not be forked from the preload server, whose environment is the session's)."""
+    yield
+    if dict(os.environ) != _session_environment:
+        os.environ.clear()
+        os.environ.update(_session_environment)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A tiny random Qwen2 model + byte-level BPE tokenizer in HF format, built once per session."""
@@ -53,14 +66,17 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _preload_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _session_environment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
     """A session that runs slow tests forks the services of its `fleetrl up` runs from one preload server
     (fleetrl/up/preload.py): torch and transformers are imported once, not in every service of every run.
     FLEETRL_TEST_NO_PRELOAD=1 starts every service as a new process instead (the ordinary start, which
-    tests/integration/up/test_preload.py and the runs that set their own environment still exercise)."""
+    tests/integration/up/test_preload.py and the runs that set their own environment still exercise). Its value
+    is the session's environment, which `_restore_environment` brings back after each module."""
     wanted = any(item.get_closest_marker("slow") for item in request.session.items)
     if not wanted or os.environ.get("FLEETRL_TEST_NO_PRELOAD") or os.environ.get(SOCKET_ENV):
-        yield
+        yield dict(os.environ)
         return
     socket_path = tmp_path_factory.mktemp("preload") / "preload.sock"
     log = open(socket_path.with_name("preload.log"), "ab")  # noqa: SIM115 - the server's output, for a failure
@@ -75,7 +91,7 @@ def _preload_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.Tem
         if server.poll() is not None:
             raise RuntimeError(f"the preload server exited: {socket_path.with_name('preload.log').read_text()}")
         os.environ[SOCKET_ENV] = str(socket_path)
-        yield
+        yield dict(os.environ)
     finally:
         os.environ.pop(SOCKET_ENV, None)
         server.terminate()
