@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import runpy
@@ -47,6 +46,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from fleetrl.up.parent_death import die_with_parent
 
 SOCKET_ENV = "FLEETRL_PRELOAD_SOCKET"
 DEFAULT_MODULES = (
@@ -493,9 +494,7 @@ def _drop(sock: socket.socket) -> None:
 
 def _die_with(parent: int) -> None:
     """SIGTERM when the server dies (PR_SET_PDEATHSIG), and exit now if it already has."""
-    with contextlib.suppress(OSError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)
+    die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 
 from fleetrl.ready_file import wait_ready_file
 from fleetrl.up import preload
+from fleetrl.up.parent_death import die_with_parent
 
 
 class ServiceProcess(Protocol):
@@ -47,15 +47,6 @@ class Child:
 
     def poll(self) -> int | None:
         return self.process.poll()
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: Linux sends it SIGTERM when `fleetrl up` dies, even by SIGKILL."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: children are still stopped by stop_all on any normal exit
 
 
 def log_tail(path: Path, lines: int = 40) -> str:
@@ -114,7 +105,7 @@ class Supervisor:
                     stdin=subprocess.DEVNULL,
                     env=child_env,
                     start_new_session=True,  # Ctrl-C reaches only `fleetrl up`, which stops children in order
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=die_with_parent,  # runs in the child before exec
                     pass_fds=self.keep_fds,
                 )
         child = Child(name, kind, argv, log_path, process, ready_file, env=dict(env or {}))
