@@ -190,8 +190,12 @@ class Gateway:
             self._prepare_evaluation()
         tasks: set[asyncio.Task[None]] = set()
         try:
-            await self._register()
+            registered = await self._register()
             log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
+            if registered is not None and registered.run_finished:  # started after the run ended (the reply told us)
+                return self._finished(tasks)
+            if registered is not None:
+                self._stopped(registered, tasks)
             while True:
                 _reap(tasks)
                 heartbeat = await self._heartbeat_if_due()
@@ -309,13 +313,16 @@ class Gateway:
         )
         return 0
 
-    async def _register(self) -> None:
+    async def _register(self) -> Any:
+        """Register with the controller; its reply (None when the call was not answered), which says whether the
+        run already ended (the controller counts it as having told this gateway, as a heartbeat reply)."""
         reply = await self._call(
             self.stub.Register,
             controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id=self.gateway_id),
         )
         if reply is not None:
             self.heartbeat_interval_s = reply.heartbeat_interval_s or self.heartbeat_interval_s
+        return reply
 
     async def _heartbeat_if_due(self) -> Any:
         """Busy gateways do not lease; the heartbeat keeps the controller from taking their rows back."""

@@ -42,12 +42,16 @@ class RegisterRequest(_message.Message):
     def __init__(self, kind: _Optional[_Union[MemberKind, str]] = ..., member_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("heartbeat_interval_s", "run_id")
+    __slots__ = ("heartbeat_interval_s", "run_id", "run_finished", "run_stopped")
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_FINISHED_FIELD_NUMBER: _ClassVar[int]
+    RUN_STOPPED_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval_s: float
     run_id: str
-    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., run_id: _Optional[str] = ...) -> None: ...
+    run_finished: bool
+    run_stopped: bool
+    def __init__(self, heartbeat_interval_s: _Optional[float] = ..., run_id: _Optional[str] = ..., run_finished: _Optional[bool] = ..., run_stopped: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("member_id",)

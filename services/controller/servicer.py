@@ -64,7 +64,15 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         # A replica joining a running run starts from the base model: it takes no rollouts until it serves the
         # version every other replica serves (a push, or the member poll seeing it loaded).
         self.orchestrator.fleet.joined(member)
-        return controller_pb2.RegisterResponse(heartbeat_interval_s=self.heartbeat_interval_s, run_id=self.run_id)
+        # A gateway that registers after the run ended (slow to start) is told so here: the controller may have
+        # stopped waiting for its gateways (wait_gateways_told) and be gone before this gateway's next call.
+        self.orchestrator.told_if_finished(request.member_id)
+        return controller_pb2.RegisterResponse(
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            run_id=self.run_id,
+            run_finished=self.orchestrator.completed,
+            run_stopped=self.orchestrator.stopped,
+        )
 
     async def Heartbeat(
         self, request: controller_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext

@@ -77,3 +77,27 @@ async def test_no_live_gateway_means_no_wait(tmp_path):
     _, orch = make(tmp_path, [])
     orch.finished = True
     await asyncio.wait_for(orch.wait_gateways_told(timeout_s=30.0), 1.0)
+
+
+async def test_a_gateway_registering_after_the_finish_is_told_in_the_register_reply(tmp_path):
+    """A gateway slow to start registered 140 ms after the run finished (a compose run): the controller's wait
+    had already passed, it exited, and the gateway was left retrying a controller that was gone. The register
+    reply now says the run finished, and counts as telling it."""
+    servicer, orch = make(tmp_path, [])
+    orch.finished = orch.completed = True
+    reply = await servicer.Register(
+        controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id="late"), Context()
+    )
+    assert reply.run_finished and not reply.run_stopped
+    assert orch.told_finished == {"late"}
+    await asyncio.wait_for(orch.wait_gateways_told(timeout_s=30.0), 1.0)
+
+
+async def test_a_register_reply_says_whether_the_run_stopped_or_goes_on(tmp_path):
+    servicer, orch = make(tmp_path, [])
+    request = controller_pb2.RegisterRequest(kind=controller_pb2.GATEWAY, member_id="g")
+    reply = await servicer.Register(request, Context())
+    assert not reply.run_finished and not reply.run_stopped and orch.told_finished == set()
+    orch.finished = True  # ended without finishing (a signal, a failure)
+    reply = await servicer.Register(request, Context())
+    assert reply.run_stopped and not reply.run_finished
