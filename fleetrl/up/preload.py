@@ -500,11 +500,16 @@ def _die_with(parent: int) -> None:
 
 
 def _apply_threads(env: Mapping[str, str]) -> None:
-    """OMP_NUM_THREADS as torch would have read it at import (it reads the variable only then)."""
+    """OMP_NUM_THREADS as torch would have read it at import (it reads the variable only then). Set only when it
+    differs from the count the server's import gave: `torch.set_num_threads` also turns MKL's dynamic threading
+    off, which a fresh process with that count would have left on."""
     value = env.get("OMP_NUM_THREADS")
     if value and "torch" in sys.modules:
+        torch = sys.modules["torch"]
         with contextlib.suppress(ValueError):
-            sys.modules["torch"].set_num_threads(max(1, int(value)))
+            wanted = max(1, int(value))
+            if wanted != torch.get_num_threads():
+                torch.set_num_threads(wanted)
 
 
 def _reseed() -> None:

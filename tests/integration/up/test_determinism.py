@@ -11,12 +11,14 @@ ended 1.3e-6 apart (two uninterrupted) and 6e-5 apart (resumed), against an upda
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
+from fleetrl.up.preload import SOCKET_ENV
 from tests.integration.up.conftest import (
     fleetrl_up,
     kill_trainer_after,
@@ -25,6 +27,18 @@ from tests.integration.up.conftest import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ordinary_starts() -> Iterator[None]:
+    """These runs start their services as new processes, as a user's `fleetrl up` does, not forked from the test
+    session's preload server (tests/conftest.py): the guarantee checked here is the ordinary path's. (One CI run
+    with forked services ended with a baseline 1.1e-5 away from two later runs that matched each other; forked
+    and fresh runs matched exactly here, so the cause stayed unexplained: docs/testing.md.)"""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(SOCKET_ENV, raising=False)
+        yield
+
 
 STEPS = 6
 # lr 3e-4 keeps the even-token reward below 1 for every step (at 1e-3 it saturates by step 4 and later steps
@@ -42,6 +56,30 @@ def max_difference(a: dict, b: dict) -> float:
     return max((a[name] - b[name]).abs().max().item() for name in a)
 
 
+def first_difference(a: Path, b: Path) -> str:
+    """Where two runs' records part (for a failure message): the first step whose metrics differ, and how each
+    run's services were started."""
+    ma, mb = read_metrics(a), read_metrics(b)
+    parted = "none of the steps' metrics differ"
+    for x, y in zip(ma, mb, strict=False):
+        differ = {
+            k: (x[k], y.get(k))
+            for k in x
+            if isinstance(x[k], float) and x[k] != y.get(k) and not k.startswith("perf/") and k != "time"
+        }
+        if differ:
+            parted = f"step {x['step']} differs first: {dict(list(differ.items())[:6])}"
+            break
+
+    def starts(run_dir: Path) -> list[str]:
+        return sorted(
+            f"{log.stem}: {'forked' if 'forked by the preload server' in log.read_text() else 'new process'}"
+            for log in run_dir.glob("*.log")
+        )
+
+    return f"{parted}; services: {starts(a)} vs {starts(b)}"
+
+
 def steps_done(checkpoint: Path) -> int:
     return int(json.loads((checkpoint / STATE_FILE).read_text())["steps_done"])
 
@@ -57,20 +95,26 @@ def run_to_the_end(tmp_path: Path, model_dir: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> dict:
-    """The final weights of one uninterrupted run (shared by the tests of this module)."""
-    return final_weights(run_to_the_end(tmp_path_factory.mktemp("baseline"), tiny_model_dir))
+def baseline_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: str) -> Path:
+    """One uninterrupted run (shared by the tests of this module)."""
+    return run_to_the_end(tmp_path_factory.mktemp("baseline"), tiny_model_dir)
 
 
-def test_two_runs_with_the_same_seed_end_with_the_same_weights(baseline, tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def baseline(baseline_run: Path) -> dict:
+    """The final weights of the uninterrupted run."""
+    return final_weights(baseline_run)
+
+
+def test_two_runs_with_the_same_seed_end_with_the_same_weights(baseline, baseline_run, tmp_path, tiny_model_dir):
     run_dir = run_to_the_end(tmp_path, tiny_model_dir)
     base = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
     # The runs trained (the weights moved by far more than the tolerance) and ended at the same place.
     assert max_difference({k: v for k, v in baseline.items() if k in base}, base) > 5e-4
-    assert max_difference(final_weights(run_dir), baseline) <= 1e-6
+    assert max_difference(final_weights(run_dir), baseline) <= 1e-6, first_difference(baseline_run, run_dir)
 
 
-def test_a_killed_and_resumed_run_ends_with_the_uninterrupted_weights(baseline, tmp_path, tiny_model_dir):
+def test_a_killed_and_resumed_run_ends_with_the_uninterrupted_weights(baseline, baseline_run, tmp_path, tiny_model_dir):
     config = write_run(tmp_path, tiny_model_dir, RUN, UP)
     run_dir = tmp_path / "run"
     assert kill_trainer_after(config, run_dir, 3) == 1
@@ -83,4 +127,4 @@ def test_a_killed_and_resumed_run_ends_with_the_uninterrupted_weights(baseline, 
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed at version {saved}" in (run_dir / "controller.log").read_text()
     assert steps_done(latest_checkpoint(run_dir / "checkpoints")) == STEPS
-    assert max_difference(final_weights(run_dir), baseline) <= 1e-5
+    assert max_difference(final_weights(run_dir), baseline) <= 1e-5, first_difference(baseline_run, run_dir)
