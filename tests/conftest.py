@@ -25,6 +25,10 @@ from tests.skip_policy import (  # noqa: F401  (pytest finds hooks by name: the 
     pytest_terminal_summary,
 )
 from tests.waiting import wait_until
+from tests.workers import (  # noqa: F401  (the lanes' workers take whole modules, the longest first)
+    pytest_collection_modifyitems,
+    pytest_xdist_make_scheduler,
+)
 
 
 @pytest.fixture

@@ -32,8 +32,11 @@ def pytest_deselected(items: list[pytest.Item]) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     path = os.environ.get(RECORD_ENV)
     if path:
+        # Under pytest-xdist every worker collects the whole lane (the same record) and writes it: whole files only.
         record = {"selected": [item.nodeid for item in session.items], "deselected": list(_deselected)}
-        Path(path).write_text(json.dumps(record))
+        tmp = Path(f"{path}.{os.getpid()}")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, path)
 
 
 def lane_problems(lanes: dict[str, dict[str, list[str]]]) -> list[str]:

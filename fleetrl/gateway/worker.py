@@ -114,6 +114,7 @@ class Gateway:
         self._last_contact = time.monotonic()
         self.heartbeat_interval_s = 2.0
         self.report_retry_s = 0.2  # the first pause before a report the controller did not answer is sent again
+        self._joined = False  # a controller has answered ("started" is logged then)
         self._waiting_for_resume = False  # the controller said run_stopped: wait for a resumed one (_stopped)
         self.row_seconds_sum = 0.0  # lease -> outcome reported, summed over rows (latency = sum / rows_done)
         self.row_latencies_s: deque[float] = deque(maxlen=100_000)
@@ -138,6 +139,9 @@ class Gateway:
                 ) from None
             raise
         self._last_contact = time.monotonic()
+        if not self._joined:  # logged once a controller answered (operators and tests read it as "joined")
+            self._joined = True
+            log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
         return reply
 
     async def _deliver(self, method: Any, request: Any, what: str) -> Any:
@@ -191,7 +195,12 @@ class Gateway:
         tasks: set[asyncio.Task[None]] = set()
         try:
             registered = await self._register()
-            log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
+            if registered is None:
+                log.info(
+                    "gateway %s: no answer from the controller at %s yet; it joins once one answers",
+                    self.gateway_id,
+                    self.controller_address,
+                )
             if registered is not None and registered.run_finished:  # started after the run ended (the reply told us)
                 return self._finished(tasks)
             if registered is not None:

@@ -44,3 +44,23 @@ async def test_a_gateway_registering_after_the_run_finished_exits_0_at_once():
     finally:
         await server.stop(None)
     assert controller.calls_after_register == []
+
+
+async def test_a_gateway_says_it_started_only_once_a_controller_answered(caplog, free_port):
+    """ "started (controller ...)" is what operators and the compose test read as "joined the run": a gateway whose
+    controller is not there (not started yet, or already gone) says it is waiting instead, and joins on the first
+    answer."""
+    from fleetrl.exit_codes import EXIT_CONTROLLER_LOST
+
+    caplog.set_level("INFO", logger="fleetrl.gateway.worker")
+    gw = gateway(free_port, make_rollout_fn, controller_lost_s=0.5)
+    assert await asyncio.wait_for(gw.run(), 30) == EXIT_CONTROLLER_LOST
+    assert "no answer from the controller" in caplog.text and "started (controller" not in caplog.text
+
+    caplog.clear()
+    server, port = await serve(FinishedThenGone())
+    try:
+        assert await asyncio.wait_for(gateway(port, make_rollout_fn).run(), 30) == 0
+    finally:
+        await server.stop(None)
+    assert "started (controller" in caplog.text and "no answer" not in caplog.text
