@@ -74,7 +74,7 @@ def sft_step(
     encoded: dict[tuple[str, str], tuple[list[int], list[int]]] | None = None,
 ) -> float:
     """One batch's loss and gradients (clipped); the caller sets the learning rate and steps the optimizer.
-    `encoded` keeps each (prompt, answer) pair's tokens across steps (tokenising was ~15 % of a step)."""
+    `encoded` keeps each (prompt, answer) pair's tokens across steps (docs/benchmarks.md: about 1 s per 300 steps)."""
     encoded = {} if encoded is None else encoded
     picked = [rng.choice(rows) for _ in range(batch)]
     examples = []
