@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetrl.tiny_model import build_tiny_model
+from fleetrl.up.cpu_threads import reproducible_math_env
 from fleetrl.up.preload import SOCKET_ENV
 from tests.lanes import pytest_collection_finish, pytest_deselected  # noqa: F401  (CI's lane check, .ci/run)
 from tests.skip_policy import (  # noqa: F401  (pytest finds hooks by name: the expected skips, FLEETRL_STRICT_SKIPS)
@@ -29,6 +30,11 @@ from tests.workers import (  # noqa: F401  (the lanes' workers take whole module
     pytest_collection_modifyitems,
     pytest_xdist_make_scheduler,
 )
+
+# `fleetrl up` gives its services oneMKL's reproducibility variables where the user's environment lacks them
+# (fleetrl/up/cpu_threads.py). The session sets them itself, so the preload server (started with the session's
+# environment) and the services it forks see what a fresh start would, and none has to start fresh for them.
+os.environ.update(reproducible_math_env(os.environ))
 
 
 @pytest.fixture

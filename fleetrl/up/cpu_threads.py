@@ -18,7 +18,20 @@ the controller work.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+# oneMKL's conditions for bit-reproducible results from run to run (Intel's developer guide, "Obtaining Numerically
+# Reproducible Results"): the thread count fixed at run time, so neither MKL nor OpenMP may pick fewer threads than
+# asked (MKL_DYNAMIC, OMP_DYNAMIC; MKL's default lets it scale down, e.g. to what it detects as physical cores), and
+# conditional numerical reproducibility on (MKL_CBWR=AUTO: one code path for the CPU whatever the data's alignment).
+# torch's CPU GEMMs are MKL's. On a GPU these change nothing the training does.
+REPRODUCIBLE_MATH_ENV = {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO"}
+
+
+def reproducible_math_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of REPRODUCIBLE_MATH_ENV that `environ` (the user's) does not set: a user's own value wins."""
+    return {k: v for k, v in REPRODUCIBLE_MATH_ENV.items() if k not in environ}
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from fleetrl.trackers import TrackerError, check_trackers_available
 from fleetrl.up.auth import run_auth_token
 from fleetrl.up.config import UpConfig, load_run_and_up
 from fleetrl.up.console import Startup, print_services
-from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads
+from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads, reproducible_math_env
 from fleetrl.up.inprocess_gateway import (
     InProcessGateway,
     UserObjects,
@@ -178,6 +178,7 @@ def launch(
     token = run_auth_token(up.auth_token, log_dir, attach=up.controller_address is not None)
     if token:  # on by default: every child requires it, so no other local process can call or inject
         env["FLEETRL_AUTH_TOKEN"] = token
+    env.update(reproducible_math_env(os.environ))  # same seed, same weights (docs/ARCHITECTURE.md, "Determinism")
     threads = _thread_plan(run, up)
     if threads is not None:
         env.update(threads.env("light"))  # controller and gateways; compute services get their share below

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -92,12 +93,18 @@ def up_run(tmp_path: Path, tiny_model_dir: str):
     return run
 
 
-def kill_trainer_after(config: Path, run_dir: Path, steps: int) -> int:
-    """Run `fleetrl up` until `steps` steps are recorded, SIGKILL its trainer, and return `fleetrl up`'s exit code."""
+def kill_trainer_after(
+    config: Path, run_dir: Path, steps: int, before_kill: Callable[[int], None] | None = None
+) -> int:
+    """Run `fleetrl up` until `steps` steps are recorded, SIGKILL its trainer, and return `fleetrl up`'s exit code.
+    `before_kill` is called with the trainer's pid first (to inspect the live process)."""
     proc = start_fleetrl_up(config)
     try:
         wait_for_steps(proc, run_dir, steps)
-        os.kill(service_pids(config, "trainer")[0], signal.SIGKILL)
+        pid = service_pids(config, "trainer")[0]
+        if before_kill is not None:
+            before_kill(pid)
+        os.kill(pid, signal.SIGKILL)
         proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -18,6 +18,7 @@ import pytest
 from safetensors.torch import load_file
 
 from fleetrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
+from fleetrl.up.cpu_threads import REPRODUCIBLE_MATH_ENV
 from fleetrl.up.preload import SOCKET_ENV
 from tests.integration.up.conftest import (
     fleetrl_up,
@@ -34,9 +35,13 @@ def _ordinary_starts() -> Iterator[None]:
     """These runs start their services as new processes, as a user's `fleetrl up` does, not forked from the test
     session's preload server (tests/conftest.py): the guarantee checked here is the ordinary path's. (One CI run
     with forked services ended with a baseline 1.1e-5 away from two later runs that matched each other; forked
-    and fresh runs matched exactly here, so the cause stayed unexplained: docs/testing.md.)"""
+    and fresh runs matched exactly here, so the cause stayed unexplained: docs/testing.md.) The test session's
+    settings of oneMKL's reproducibility variables (tests/conftest.py) are taken away too, so the ones these runs'
+    services get are those `fleetrl up` itself gives (fleetrl/up/cpu_threads.py)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.delenv(SOCKET_ENV, raising=False)
+        for key in REPRODUCIBLE_MATH_ENV:
+            patch.delenv(key, raising=False)
         yield
 
 
@@ -77,7 +82,26 @@ def first_difference(a: Path, b: Path) -> str:
             for log in run_dir.glob("*.log")
         )
 
-    return f"{parted}; services: {starts(a)} vs {starts(b)}"
+    return f"{parted}; services: {starts(a)} vs {starts(b)}; {cpu()}"
+
+
+def cpu() -> str:
+    """The machine, for a failure message: whether its CPUs are cores or hyperthreads matters to MKL's threading."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "cpu: unknown"
+    fields = [line.split(":", 1) for line in info.splitlines() if ":" in line]
+    model = next((v.strip() for k, v in fields if k.strip() == "model name"), "?")
+    per_core = sorted({f"{k.strip()} {v.strip()}" for k, v in fields if k.strip() in ("siblings", "cpu cores")})
+    return f"cpu: {model}, {sum(k.strip() == 'processor' for k, _ in fields)} processors, {per_core}"
+
+
+def math_environment(pid: int) -> dict[str, str]:
+    """The oneMKL/OpenMP reproducibility variables in a live process's environment."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    pairs = dict(e.decode(errors="replace").split("=", 1) for e in entries if b"=" in e)
+    return {k: pairs[k] for k in REPRODUCIBLE_MATH_ENV if k in pairs}
 
 
 def steps_done(checkpoint: Path) -> int:
@@ -117,7 +141,9 @@ def test_two_runs_with_the_same_seed_end_with_the_same_weights(baseline, baselin
 def test_a_killed_and_resumed_run_ends_with_the_uninterrupted_weights(baseline, baseline_run, tmp_path, tiny_model_dir):
     config = write_run(tmp_path, tiny_model_dir, RUN, UP)
     run_dir = tmp_path / "run"
-    assert kill_trainer_after(config, run_dir, 3) == 1
+    seen: dict[str, str] = {}
+    assert kill_trainer_after(config, run_dir, 3, before_kill=lambda pid: seen.update(math_environment(pid))) == 1
+    assert seen == REPRODUCIBLE_MATH_ENV  # given by `fleetrl up` (the test took the session's away)
     checkpoint = latest_checkpoint(run_dir / "checkpoints")
     assert checkpoint is not None
     saved = steps_done(checkpoint)

@@ -124,3 +124,12 @@ def test_fleetrl_up_asks_no_held_out_rows_of_a_cookbook_shaped_evaluation(tmp_pa
     path.write_text(json.dumps({"run": run, "up": {**up, "evaluation": "hooks.py:unclear"}}))
     assert main([str(path)]) == 2
     assert "up.evaluation: evaluation_fn: cannot tell from its parameters (a, b)" in capsys.readouterr().err
+
+
+def test_up_gives_oneMKLs_reproducibility_variables_unless_the_user_set_them():
+    from fleetrl.up.cpu_threads import REPRODUCIBLE_MATH_ENV, reproducible_math_env
+
+    assert reproducible_math_env({}) == {"MKL_DYNAMIC": "FALSE", "OMP_DYNAMIC": "FALSE", "MKL_CBWR": "AUTO"}
+    assert reproducible_math_env({"MKL_CBWR": "COMPATIBLE", "PATH": "/bin"}) == {
+        k: v for k, v in REPRODUCIBLE_MATH_ENV.items() if k != "MKL_CBWR"
+    }
