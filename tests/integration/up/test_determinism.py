@@ -95,18 +95,19 @@ def relative_difference(weights: dict, baseline: dict, initial: dict) -> float:
 
 
 def step_samples(run_dir: Path) -> dict[int, list[list[tuple]]]:
-    """Each step's logged samples, (row, completion, reward) sorted, as written: a step trained twice (after the
-    last checkpoint, then again after the resume) has two such blocks, which must both be the same samples. Two
-    samples of a group may decode alike, so these are lists, not sets."""
-    steps: dict[int, list[list[tuple]]] = {}
-    last = None
+    """Each step's logged samples, (row, completion, reward), in blocks of SAMPLES_PER_STEP (one per time the step
+    was logged), each sorted: a step trained twice (after the last checkpoint, then again after the resume) has two
+    blocks, which must both be the same samples. The two may be adjacent in the file (the step logged just before
+    the kill comes first after the resume), so blocks are cut by count, not by a change of step. Two samples of a
+    group may decode alike, so these are lists, not sets."""
+    logged: dict[int, list[tuple]] = {}
     for line in (run_dir / "samples.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if record["step"] != last:
-            steps.setdefault(record["step"], []).append([])
-            last = record["step"]
-        steps[last][-1].append((record["row_id"], record["completion"], record["reward"]))
-    return {step: [sorted(block) for block in blocks] for step, blocks in steps.items()}
+        logged.setdefault(record["step"], []).append((record["row_id"], record["completion"], record["reward"]))
+    return {
+        step: [sorted(records[i : i + SAMPLES_PER_STEP]) for i in range(0, len(records), SAMPLES_PER_STEP)]
+        for step, records in logged.items()
+    }
 
 
 def check_same_run(run_dir: Path, baseline_run: Path, baseline: dict, initial: dict) -> None:
