@@ -2,7 +2,7 @@
 to the trainer over ZeroMQ, report every row's outcome to the controller.
 
 Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no replica, a gRPC code in
-fleetrl.sampler.RETRYABLE_CODES) are retried with backoff; other exceptions drop the sample, with the traceback
+fleetrl.gateway.sampler.RETRYABLE_CODES) are retried with backoff; other exceptions drop the sample, with the traceback
 logged once per error type; the circuit breaker stops the gateway when half of the last 100 rollouts (in start
 order, at least 20) failed (exit code 3; fleetrl.gateway.circuit_breaker). While no replica is routable (the only
 one restarting) Generate calls wait for one (the sampler, up to `replica_wait_s`) and the replica list is refreshed
@@ -38,6 +38,8 @@ from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.dynamic_filter import DynamicFilter
 from fleetrl.gateway.judge import attach_judge, follow_judges, load_judge_tokenizer
+from fleetrl.gateway.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
+from fleetrl.gateway.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     DATASET_CONTEXT_ARGS,
@@ -52,8 +54,6 @@ from fleetrl.rollout import (
     rollout_result_samples,
 )
 from fleetrl.rpc import open_channel
-from fleetrl.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
-from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.seq_len import resolve_max_seq_len
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
@@ -566,7 +566,7 @@ class Gateway:
     ) -> Any:
         """One call of the user's rollout function (with the context keyword arguments it declares; with
         `group_size`, a group rollout's call for the whole group), retried on recoverable errors. With `key`, its
-        sampling calls are seeded from it (fleetrl.sampling_seed); a retry starts from the same seeds, so a
+        sampling calls are seeded from it (fleetrl.gateway.sampling_seed); a retry starts from the same seeds, so a
         transport hiccup does not change what is sampled."""
         args: tuple[Any, ...] = (dict(row),) if group_size is None else (dict(row), group_size)
         async with self._slots:

@@ -4,7 +4,7 @@
 PPO inner loop of Schulman et al. 2017: `old_logprobs` fixed at the start of the batch by a no-grad forward
 when there is more than one minibatch, else old = current, detached). Each minibatch is split across
 data-parallel ranks and each rank's share into micro-batches; every part's loss is scaled by its share of
-the minibatch (fleetrl.trainer.batching.part_loss_scale) so the gradient is that of the whole minibatch.
+the minibatch (fleetrl.trainer.minibatches.part_loss_scale) so the gradient is that of the whole minibatch.
 `PolicyTrainer` owns one; tests call `accumulate_gradients` and `compute_logprobs` directly.
 
 With a `reference_context` (LoRA: the PEFT model's `disable_adapter`), the reference logprobs of kl_beta > 0 are
@@ -27,17 +27,17 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.config import wants_reference_logprobs
-from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
-from fleetrl.trainer.batching import (
-    RowFigures,
+from fleetrl.trainer.datum import Datum, collate
+from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
+from fleetrl.trainer.minibatches import (
+    SampleFigures,
     balance_by_tokens,
     part_loss_scale,
     split_even,
     token_micro_batches,
 )
-from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
 from fleetrl.trainer.model import target_logprobs
 from fleetrl.trainer.varlen_attention import use_packed_attention
 
@@ -87,9 +87,9 @@ class PendingRef:
         return self._rows
 
 
-def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> RowFigures:
+def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> SampleFigures:
     """The figures of `rows` (all present in `datums`), indexed by row."""
-    return RowFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
+    return SampleFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
 
 
 class InnerLoop:
@@ -150,7 +150,7 @@ class InnerLoop:
             settings = replace(settings, loss_agg_constant=float(width))
         return settings
 
-    def _my_micro_batches(self, rows: Sequence[int], figures: RowFigures) -> list[list[int]]:
+    def _my_micro_batches(self, rows: Sequence[int], figures: SampleFigures) -> list[list[int]]:
         """This rank's micro-batches of `rows` (its token-balanced share, cut by the token budget and
         micro_batch_size), padded with empty ones to the count of the busiest rank: FSDP's collectives run once
         per forward, so every rank must run as many."""
@@ -216,7 +216,7 @@ class InnerLoop:
         datums: Sequence[Datum] | Mapping[int, Datum],
         minibatches: Sequence[Sequence[int]],
         timer: str = "old_logprobs",
-        figures: RowFigures | None = None,
+        figures: SampleFigures | None = None,
         model: torch.nn.Module | None = None,
     ) -> dict[int, torch.Tensor]:
         """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
@@ -241,13 +241,13 @@ class InnerLoop:
         advantages: torch.Tensor,
         ref_rows: RefRows | PendingRef | None,
         ref_future: Future[list[list[float]]] | None,
-        figures: RowFigures | None = None,
+        figures: SampleFigures | None = None,
     ) -> dict[str, float]:
         """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
         minibatch. Returns the batch's loss metrics (token-weighted over all ranks) under their per-step names
         (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...).
         With `figures` (every row's length and trainable tokens), `datums` needs only this rank's rows (by row)."""
-        figures = figures if figures is not None else RowFigures.of(datums)  # type: ignore[arg-type]
+        figures = figures if figures is not None else SampleFigures.of(datums)  # type: ignore[arg-type]
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
@@ -298,7 +298,7 @@ class InnerLoop:
         *,
         old: Mapping[int, torch.Tensor] | None = None,
         ref_rows: RefRows | PendingRef | None = None,
-        figures: RowFigures | None = None,
+        figures: SampleFigures | None = None,
     ) -> dict[str, float]:
         """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from fleetrl.datum import gather_target_logprobs
 from fleetrl.model_path import adapter_instead_of_model, check_model_path
+from fleetrl.trainer.datum import gather_target_logprobs
 
 logger = logging.getLogger(__name__)
 

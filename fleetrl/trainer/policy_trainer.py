@@ -19,7 +19,7 @@ a PEFT adapter folder (and, with export_merged, the merged model in `merged/`).
 
 With world size > 1 (torchrun), rank 0 calls these methods and every other rank runs
 `follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed); a step's rows reach each
-rank as its share only (`batching.rank_rows`), with every row's length and trainable tokens in the header.
+rank as its share only (`minibatches.rank_samples`), with every row's length and trainable tokens in the header.
 """
 
 from __future__ import annotations
@@ -36,14 +36,12 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.config import reference_model_path, wants_reference_logprobs
-from fleetrl.datum import Datum, build_datum, shift_datum
 from fleetrl.losses import resolve_loss_settings
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.tokenizer_match import check_same_tokenizer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
-from fleetrl.trainer.batching import RowFigures, StepBatch, build_step_batch, rank_rows
 from fleetrl.trainer.checkpoint import (
     TrainerState,
     checkpoint_path,
@@ -51,11 +49,14 @@ from fleetrl.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from fleetrl.trainer.datum import Datum, build_datum, shift_datum
 from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, PendingRef, resolve_compute_dtype
+from fleetrl.trainer.minibatches import SampleFigures, rank_samples
 from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
+from fleetrl.trainer.step_batch import StepBatch, build_step_batch
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +430,7 @@ class PolicyTrainer:
         self, header: dict[str, Any], batch: StepBatch | None
     ) -> tuple[list[Datum] | dict[int, Datum], torch.Tensor]:
         """Datums and advantages of the step: on one process, of every row; on each rank of a distributed step, of
-        the rows it trains only (`rank_rows`, by row), which are all rank 0 sends it. The advantages tensor is
+        the rows it trains only (`rank_samples`, by row), which are all rank 0 sends it. The advantages tensor is
         indexed by row (0 for rows another rank trains). Reference logprobs travel later (`_pending_ref`)."""
         if not self.ctx.enabled:  # one process: no broadcast, no flattening
             assert batch is not None
@@ -438,12 +439,12 @@ class PolicyTrainer:
         lengths = header["lengths"]
         versioned = header["versioned"]  # which samples carry per-token policy versions
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
-        datum_lengths = [n - 1 for n in lengths]  # the inner loop balances ranks by these (RowFigures.lengths)
-        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
+        datum_lengths = [n - 1 for n in lengths]  # the inner loop balances ranks by these (SampleFigures.lengths)
+        mine = rank_samples(datum_lengths, num_minibatches, world, self.ctx.rank)
         parts = None
         if self.ctx.is_main:
             assert batch is not None
-            ranks = [rank_rows(datum_lengths, num_minibatches, world, r) for r in range(world)]
+            ranks = [rank_samples(datum_lengths, num_minibatches, world, r) for r in range(world)]
             parts = [_flat_rows(batch, rows) for rows in ranks]
         specs = _flat_specs(lengths, versioned, mine)
         flat = fdist.scatter_tensors(parts, specs, self.ctx)
@@ -469,7 +470,7 @@ class PolicyTrainer:
         lengths = header["lengths"]
         datum_lengths = [n - 1 for n in lengths]
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
-        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
+        mine = rank_samples(datum_lengths, num_minibatches, world, self.ctx.rank)
 
         def load() -> dict[int, torch.Tensor]:
             parts = None
@@ -478,7 +479,7 @@ class PolicyTrainer:
                 ref = ref_future.result(REF_WAIT_TIMEOUT_S)
                 parts = []
                 for r in range(world):
-                    rows = rank_rows(datum_lengths, num_minibatches, world, r)
+                    rows = rank_samples(datum_lengths, num_minibatches, world, r)
                     parts.append({"ref": torch.tensor([x for i in rows for x in ref[i]], dtype=torch.float32)})
             specs = {"ref": (torch.float32, sum(datum_lengths[i] for i in mine))}
             flat = fdist.scatter_tensors(parts, specs, self.ctx)
@@ -497,7 +498,7 @@ class PolicyTrainer:
         self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
         datums, advantages = self._step_tensors(header, batch)
         ref_rows: PendingRef | None = None
-        figures = RowFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
+        figures = SampleFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
         num_rows = len(header["lengths"])
         metrics: dict[str, float] = {}
         local_future = ref_future

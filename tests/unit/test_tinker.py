@@ -10,8 +10,8 @@ import pytest
 
 from fleetrl import Config, RolloutRun, RolloutSetup
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 from fleetrl.step_metrics import sample_metrics
 from fleetrl.tinker import builder_from_dataset, dataset_rows, run_group, stop_arguments, tinker_rollout_fn

@@ -7,9 +7,9 @@ from typing import Any
 
 from fleetrl import Config, RolloutSample
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
+from fleetrl.gateway.sampling_seed import RolloutKey, derive_seed, rollout_seed_scope
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
-from fleetrl.sampling_seed import RolloutKey, derive_seed, rollout_seed_scope
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 
 

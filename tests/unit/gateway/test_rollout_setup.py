@@ -1,5 +1,5 @@
 """The one `RolloutSetup` every gateway and `fleetrl eval` hand the rollout factory, and the sampler interface it
-types (`fleetrl.sampler.SamplerLike`)."""
+types (`fleetrl.gateway.sampler.SamplerLike`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import RETRYABLE_CODES, Sampler, SamplerLike
+from fleetrl.gateway.sampling_seed import RolloutKey
 from fleetrl.gateway.worker import Gateway
 from fleetrl.rollout import RolloutSetup
-from fleetrl.sampler import RETRYABLE_CODES, Sampler, SamplerLike
-from fleetrl.sampling_seed import RolloutKey
 
 
 def test_the_setup_carries_the_runs_settings_and_the_sampler() -> None:

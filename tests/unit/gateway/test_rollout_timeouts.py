@@ -9,8 +9,8 @@ from typing import Any
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampling_seed import RolloutKey
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampling_seed import RolloutKey
 from fleetrl.v1 import controller_pb2
 
 RUN = Config(base_model="unused", dataset="unused", completions_per_prompt=2)

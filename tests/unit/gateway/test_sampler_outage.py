@@ -13,8 +13,8 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.v1 import controller_pb2
 

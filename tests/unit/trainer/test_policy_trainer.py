@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from fleetrl.datum import build_datum
 from fleetrl.losses import LOSS_NAMES
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer, StepError
-from fleetrl.trainer.batching import build_step_batch
+from fleetrl.trainer.datum import build_datum
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
+from fleetrl.trainer.step_batch import build_step_batch
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 
