@@ -57,7 +57,7 @@ def test_a_rollout_failing_with_a_retryable_code_runs_again(code: grpc.StatusCod
 
     run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
     gateway = Gateway(GatewayConfig(run=run, rollout="unused:unused"), rollout_factory=lambda setup: rollout)
-    gateway.rollout_fn = rollout
+    asyncio.run(gateway.prepare_rollouts())
     result = asyncio.run(gateway.one_rollout({"q": 1}, RolloutKey(0, 1, 0, 0)))
     if retried:
         assert result == "done" and len(calls) == 2 and gateway.counters["rollouts_retried"] == 1
