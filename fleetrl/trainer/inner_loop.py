@@ -72,7 +72,7 @@ class PendingRef:
     `get()` waits for them, once, and adds the wait to `timers["ref_wait"]`. The inner loop calls it right after the
     first micro-batch's forward, so the reference's forward overlaps the old-logprob pass and that forward; under
     several ranks every rank calls it at that same point (the loader may be a collective: rank 0 scatters each
-    rank's rows)."""
+    rank's samples)."""
 
     def __init__(self, load: Callable[[], RefRows], timers: dict[str, float]) -> None:
         self._load = load
@@ -87,9 +87,9 @@ class PendingRef:
         return self._rows
 
 
-def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> SampleFigures:
-    """The figures of `rows` (all present in `datums`), indexed by row."""
-    return SampleFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
+def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], samples: Sequence[int]) -> SampleFigures:
+    """The figures of `samples` (all present in `datums`), indexed by sample."""
+    return SampleFigures({i: len(datums[i]) for i in samples}, {i: sum(datums[i].weights) for i in samples})  # type: ignore[arg-type]
 
 
 class InnerLoop:
@@ -150,12 +150,12 @@ class InnerLoop:
             settings = replace(settings, loss_agg_constant=float(width))
         return settings
 
-    def _my_micro_batches(self, rows: Sequence[int], figures: SampleFigures) -> list[list[int]]:
-        """This rank's micro-batches of `rows` (its token-balanced share, cut by the token budget and
+    def _my_micro_batches(self, samples: Sequence[int], figures: SampleFigures) -> list[list[int]]:
+        """This rank's micro-batches of `samples` (its token-balanced share, cut by the token budget and
         micro_batch_size), padded with empty ones to the count of the busiest rank: FSDP's collectives run once
         per forward, so every rank must run as many."""
         lengths = figures.lengths
-        shares = balance_by_tokens(rows, lengths, self.ctx.world_size)
+        shares = balance_by_tokens(samples, lengths, self.ctx.world_size)
         split = [token_micro_batches(s, lengths, self.micro_batch_tokens, self.micro_batch_size) for s in shares]
         count = max(1, *(len(parts) for parts in split))
         mine = split[self.ctx.rank]
@@ -202,11 +202,11 @@ class InnerLoop:
             return logprobs.float(), ent
 
     def _collate(
-        self, datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]
+        self, datums: Sequence[Datum] | Mapping[int, Datum], samples: Sequence[int]
     ) -> tuple[Any, int, list[Datum]]:
-        if rows:
-            micro = [datums[i] for i in rows]
-            return collate(micro, pad_token_id=self.pad_id), len(rows), micro
+        if samples:
+            micro = [datums[i] for i in samples]
+            return collate(micro, pad_token_id=self.pad_id), len(samples), micro
         dummy = Datum([self.pad_id], [self.pad_id], [0], [0.0])
         return collate([dummy], pad_token_id=self.pad_id), 0, [dummy]
 
@@ -219,15 +219,15 @@ class InnerLoop:
         figures: SampleFigures | None = None,
         model: torch.nn.Module | None = None,
     ) -> dict[int, torch.Tensor]:
-        """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
+        """No-grad logprobs of the current policy for the samples this rank trains (sample -> [N-1] tensor):
         the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's). Same micro-batches
         as the training forward."""
         started = time.perf_counter()
         if figures is None:
-            figures = _figures_of(datums, [r for rows in minibatches for r in rows])
+            figures = _figures_of(datums, [s for samples in minibatches for s in samples])
         old: dict[int, torch.Tensor] = {}
-        for rows in minibatches:
-            for micro in self._my_micro_batches(rows, figures):
+        for samples in minibatches:
+            for micro in self._my_micro_batches(samples, figures):
                 batch, _, micro_datums = self._collate(datums, micro)
                 logprobs, _ = self._forward(batch, micro_datums, entropy=False, model=model)
                 for j, i in enumerate(micro):
@@ -246,7 +246,8 @@ class InnerLoop:
         """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
         minibatch. Returns the batch's loss metrics (token-weighted over all ranks) under their per-step names
         (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...).
-        With `figures` (every row's length and trainable tokens), `datums` needs only this rank's rows (by row)."""
+        With `figures` (every sample's length and trainable tokens), `datums` needs only this rank's samples (by
+        index)."""
         figures = figures if figures is not None else SampleFigures.of(datums)  # type: ignore[arg-type]
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
@@ -268,8 +269,8 @@ class InnerLoop:
             )
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
-        for rows in minibatches:
-            part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows, figures=figures)
+        for samples in minibatches:
+            part = self.accumulate_gradients(datums, advantages, samples, old=old, ref_rows=ref_rows, figures=figures)
             norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
             if norm is None:
                 # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
@@ -294,26 +295,26 @@ class InnerLoop:
         self,
         datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
-        rows: Sequence[int],
+        samples: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
         ref_rows: RefRows | PendingRef | None = None,
         figures: SampleFigures | None = None,
     ) -> dict[str, float]:
-        """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
+        """Forward + backward of the minibatch `samples` (this rank's share); gradients accumulate.
 
         The gradient is that of the minibatch's loss as if it ran in one piece on one rank. Returns
         sums over all ranks: "_loss" (the minibatch loss), "_tokens" (its trainable tokens) and
         "_tok/<metric>" token-weighted sums of the loss metrics and the entropy.
         """
         started = time.perf_counter()
-        if figures is None:  # every row of `rows` is here
-            figures = _figures_of(datums, rows)
-        totals = figures.totals(rows)
-        settings = self._loss_settings(figures.width(rows))
+        if figures is None:  # every sample of `samples` is here
+            figures = _figures_of(datums, samples)
+        totals = figures.totals(samples)
+        settings = self._loss_settings(figures.width(samples))
         world = self.ctx.world_size
         sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
-        for micro in self._my_micro_batches(rows, figures):
+        for micro in self._my_micro_batches(samples, figures):
             batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
             logprobs, entropy = self._forward(batch, micro_datums, entropy=True)
