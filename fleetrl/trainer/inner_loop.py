@@ -239,7 +239,7 @@ class InnerLoop:
         self,
         datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
-        ref_rows: RefRows | PendingRef | None,
+        ref_by_sample: RefRows | PendingRef | None,
         ref_future: Future[list[list[float]]] | None,
         figures: SampleFigures | None = None,
     ) -> dict[str, float]:
@@ -252,25 +252,27 @@ class InnerLoop:
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
-        wants_ref = wants_reference_logprobs(self.cfg) and ref_rows is None and ref_future is None
+        wants_ref = wants_reference_logprobs(self.cfg) and ref_by_sample is None and ref_future is None
         if wants_ref and self.reference_model is not None:
             # The colocated reference: a frozen copy sharded like the policy, in the same micro-batches.
-            ref_rows = self.compute_logprobs(
+            ref_by_sample = self.compute_logprobs(
                 datums, minibatches, timer="ref_forward", figures=figures, model=self.reference_model
             )
         elif wants_ref and self.reference_context is not None:
             with self.reference_context():
-                ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
-        if ref_rows is None and ref_future is not None:
+                ref_by_sample = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
+        if ref_by_sample is None and ref_future is not None:
             future = ref_future
-            ref_rows = PendingRef(
+            ref_by_sample = PendingRef(
                 lambda: [torch.tensor(lp, dtype=torch.float32) for lp in future.result(REF_WAIT_TIMEOUT_S)],
                 self.timers,
             )
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         for samples in minibatches:
-            part = self.accumulate_gradients(datums, advantages, samples, old=old, ref_rows=ref_rows, figures=figures)
+            part = self.accumulate_gradients(
+                datums, advantages, samples, old=old, ref_by_sample=ref_by_sample, figures=figures
+            )
             norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
             if norm is None:
                 # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
@@ -298,7 +300,7 @@ class InnerLoop:
         samples: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
-        ref_rows: RefRows | PendingRef | None = None,
+        ref_by_sample: RefRows | PendingRef | None = None,
         figures: SampleFigures | None = None,
     ) -> dict[str, float]:
         """Forward + backward of the minibatch `samples` (this rank's share); gradients accumulate.
@@ -318,8 +320,8 @@ class InnerLoop:
             batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
             logprobs, entropy = self._forward(batch, micro_datums, entropy=True)
-            if isinstance(ref_rows, PendingRef):  # every rank, after its first forward (see PendingRef)
-                ref_rows = ref_rows.get()
+            if isinstance(ref_by_sample, PendingRef):  # every rank, after its first forward (see PendingRef)
+                ref_by_sample = ref_by_sample.get()
             width = logprobs.shape[1]
             old_BT = (
                 _pad_rows([old[i] for i in micro], width).to(self.device)
@@ -327,7 +329,9 @@ class InnerLoop:
                 else logprobs.detach()
             )
             ref_BT = (
-                _pad_rows([ref_rows[i] for i in micro], width).to(self.device) if ref_rows is not None and n else None
+                _pad_rows([ref_by_sample[i] for i in micro], width).to(self.device)
+                if ref_by_sample is not None and n
+                else None
             )
             adv = advantages[list(micro)].to(self.device) if n else torch.zeros(1, device=self.device)
             loss, loss_metrics = policy_loss(
