@@ -37,9 +37,9 @@ async def run(args: argparse.Namespace) -> None:
     import torch
     from transformers import AutoTokenizer
 
+    from fleetrl.gateway.sampler import Sampler
     from fleetrl.gateway.session_server import SessionServer
     from fleetrl.openai_chat import render_chat_prompt
-    from fleetrl.sampler import Sampler
     from fleetrl.services.inference.config import InferenceConfig
     from fleetrl.services.inference.server import create_server, make_engine
 

@@ -72,8 +72,8 @@ def walk(path: str) -> None:
     import datasets  # noqa: F401
 
     from fleetrl.controller.dataset import DatasetCursor, load_rows
+    from fleetrl.controller.gate import OffPolicyGate
     from fleetrl.controller.scheduler import RowScheduler
-    from fleetrl.gate import OffPolicyGate
 
     base = _rss_mb()
     rows = load_rows(path)

@@ -8,7 +8,7 @@ synthetic groups (P groups of G samples, prompt + completion) is made. The train
 `train_step(groups)` with `policy_loss = "grpo"`, kl_beta 0, num_minibatches 1, no weight publishing: it
 includes step building (advantages, datums, padding), the logprob forward with entropy, the loss and its
 metrics, backward, grad-norm clipping, AdamW and the LR scheduler. The bare loop runs, on pre-padded tensors,
-model(input_ids).logits -> fleetrl.datum.gather_target_logprobs -> fleetrl.losses.policy_loss("grpo") ->
+model(input_ids).logits -> fleetrl.trainer.datum.gather_target_logprobs -> fleetrl.losses.policy_loss("grpo") ->
 backward -> AdamW.step -> zero_grad, nothing else. Both count the same tokens (input positions, N-1 per
 sample). Rounds alternate between the two (after one warm-up each), each on its own copy of the model;
 the median round is reported, in wall-clock seconds (tokens/s) and in process CPU seconds (steadier on a
@@ -41,13 +41,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _bench_size(name: str, rounds: int, workdir: Path) -> dict:
     import torch
 
-    from fleetrl.datum import gather_target_logprobs, samples_to_batch
     from fleetrl.losses import policy_loss
     from fleetrl.rollout_group import RolloutGroup
     from fleetrl.tiny_model import build_tiny_model
     from fleetrl.trainer import PolicyTrainer
-    from fleetrl.trainer.batching import build_step_batch
+    from fleetrl.trainer.datum import gather_target_logprobs, samples_to_batch
     from fleetrl.trainer.model import load_causal_lm
+    from fleetrl.trainer.step_batch import build_step_batch
     from fleetrl.trainer.synthetic import synthetic_groups
 
     shape, P, G, prompt_len, completion_len = SIZES[name]

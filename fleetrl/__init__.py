@@ -10,10 +10,13 @@ The user-facing contract:
 
 from typing import Any
 
+from fleetrl import moved_modules
 from fleetrl.config import Config, ConfigError
 from fleetrl.cookbook import DeployConfig, TrainerConfig, WandBConfig
 from fleetrl.message_trajectory import MessageTrajectoryAssembler, TITOTokenizer
 from fleetrl.rollout import InvalidSampleError, RolloutRun, RolloutSample, RolloutSegment, RolloutSetup
+
+moved_modules.install()  # modules that moved into their role's package keep their old import paths
 
 __all__ = [
     "Config",

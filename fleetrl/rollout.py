@@ -32,7 +32,7 @@ from fleetrl.seq_len import resolve_max_seq_len
 if TYPE_CHECKING:
     from fleetrl.agent_session import AgentSession
     from fleetrl.config import Config
-    from fleetrl.sampler import SamplerLike
+    from fleetrl.gateway.sampler import SamplerLike
 
 
 SESSION_MODEL_NAME = "policy"
@@ -207,7 +207,8 @@ class RolloutSetup:
     Attributes:
         tokenizer: the run's tokenizer (a transformers tokenizer), for chat templates and decoding.
         sampler: the inference client (filled by the gateway), with the Fireworks-cookbook interface
-            `sample_with_prompt_tokens(...)` / `sample_with_tokens(messages=...)` (`fleetrl.sampler.SamplerLike`).
+            `sample_with_prompt_tokens(...)` / `sample_with_tokens(messages=...)`
+            (`fleetrl.gateway.sampler.SamplerLike`).
         sample_kwargs: the run's sampling settings (max_tokens, temperature, top_p, top_k).
         completions_per_prompt: G, the group size.
         extras: free-form values from the config (`rollout_extras`).

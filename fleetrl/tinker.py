@@ -35,8 +35,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetrl.gateway.sampling_seed import member_seed_scope
 from fleetrl.rollout import RolloutRun, RolloutSegment, RolloutSetup, group_rollout
-from fleetrl.sampling_seed import member_seed_scope
 
 BuilderForRow = Callable[[dict[str, Any]], Any]
 OUTAGE_ERRORS = ("NoReplicaError", "AioRpcError")

@@ -17,12 +17,12 @@ from collections import deque
 
 import torch
 
-from fleetrl.advantages import group_advantages
 from fleetrl.config import Config
-from fleetrl.datum import samples_to_batch
-from fleetrl.gate import OffPolicyGate
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.losses import policy_loss
 from fleetrl.rollout import RolloutSample
+from fleetrl.trainer.advantages import group_advantages
+from fleetrl.trainer.datum import samples_to_batch
 
 VOCAB, LENGTH, PROMPT = 16, 4, [1, 2]
 

@@ -99,11 +99,11 @@ def _run(command: str, rest: list[str]) -> int:
 
         return up_main(rest)
     if command == "eval":
-        from fleetrl.up.evaluate import main as eval_main
+        from fleetrl.commands.evaluate import main as eval_main
 
         return eval_main(rest)
     if command == "status":
-        from fleetrl.up.status import main as status_main
+        from fleetrl.commands.status import main as status_main
 
         return status_main(rest)
     if command == "plot":

@@ -19,7 +19,7 @@ without sockets (tests/unit/controller/test_fleet.py):
   that succeeds, or a new process under the id, starts over.
 - Members that never return: a replica that joined by itself (not one the controller was configured with) and has
   been silent for `forget_after_s` is dropped from the registry: no longer polled or pushed. Should it come back,
-  its heartbeat is answered `known = false` and it registers again (fleetrl.membership).
+  its heartbeat is answered `known = false` and it registers again (fleetrl.inference.membership).
 """
 
 from __future__ import annotations

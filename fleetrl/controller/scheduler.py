@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from fleetrl.controller.dataset import CursorPosition, DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.run_outcome import rejection_cause
-from fleetrl.gate import OffPolicyGate
 
 log = logging.getLogger(__name__)
 Outcome = Literal["accepted", "rejected", "failed"]

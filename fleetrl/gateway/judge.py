@@ -22,8 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import Sampler
 from fleetrl.rollout import RolloutSetup
-from fleetrl.sampler import Sampler
 
 log = logging.getLogger(__name__)
 

@@ -165,8 +165,8 @@ class SessionServer:
 
     async def open(self, *, exact_history: bool = False) -> AgentSession:
         """A new session (the server started on first use). It runs its calls in the caller's context, so calls
-        made from a gateway rollout are seeded from that rollout (fleetrl.sampling_seed). `exact_history`: a call
-        that extends the previous one is appended as tokens (fleetrl.agent_session)."""
+        made from a gateway rollout are seeded from that rollout (fleetrl.gateway.sampling_seed). `exact_history`:
+        a call that extends the previous one is appended as tokens (fleetrl.agent_session)."""
         await self.start()
         for key in [key for key, s in self.sessions.items() if s.closed]:  # turned into a result: done (404 now)
             self.sessions.pop(key, None)

@@ -2,7 +2,7 @@
 to the trainer over ZeroMQ, report every row's outcome to the controller.
 
 Failures: a rollout returning None drops that sample; recoverable errors (timeouts, no replica, a gRPC code in
-fleetrl.sampler.RETRYABLE_CODES) are retried with backoff; other exceptions drop the sample, with the traceback
+fleetrl.gateway.sampler.RETRYABLE_CODES) are retried with backoff; other exceptions drop the sample, with the traceback
 logged once per error type; the circuit breaker stops the gateway when half of the last 100 rollouts (in start
 order, at least 20) failed (exit code 3; fleetrl.gateway.circuit_breaker). While no replica is routable (the only
 one restarting) Generate calls wait for one (the sampler, up to `replica_wait_s`) and the replica list is refreshed
@@ -38,6 +38,8 @@ from fleetrl.gateway.circuit_breaker import CircuitBreaker, CircuitOpenError
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.dynamic_filter import DynamicFilter
 from fleetrl.gateway.judge import attach_judge, follow_judges, load_judge_tokenizer
+from fleetrl.gateway.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
+from fleetrl.gateway.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.group_stream import GroupSender, GroupStreamError
 from fleetrl.rollout import (
     DATASET_CONTEXT_ARGS,
@@ -52,8 +54,6 @@ from fleetrl.rollout import (
     rollout_result_samples,
 )
 from fleetrl.rpc import open_channel
-from fleetrl.sampler import RETRYABLE_CODES, NoReplicaError, Sampler
-from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.seq_len import resolve_max_seq_len
 from fleetrl.v1 import controller_pb2, controller_pb2_grpc
 
@@ -79,7 +79,11 @@ class ControllerLost(RuntimeError):
 
 class Gateway:
     """One rollout gateway: `await Gateway(config, factory, tokenizer, ...).run()` until the run is finished; its
-    exit code (0, EXIT_CIRCUIT_OPEN, EXIT_USER_CODE) or an exception. `counters` and `breaker` are read by /metrics."""
+    exit code (0, EXIT_CIRCUIT_OPEN, EXIT_USER_CODE) or an exception. `counters` and `breaker` are read by /metrics.
+
+    `controller` (the controller's gRPC stub, or anything with its methods) and `sampler` (a `SamplerLike`) are
+    taken from outside when given; otherwise `run()` opens a channel to the controller and
+    `prepare_rollouts()` builds a `Sampler` over the run's replicas."""
 
     def __init__(
         self,
@@ -89,8 +93,16 @@ class Gateway:
         dynamic_filter: DynamicFilter | None = None,
         evaluation_fn: Any = None,
         vocab_size: int | None = None,
+        *,
+        controller: Any = None,
+        sampler: Any = None,
     ) -> None:
         self.config = config
+        self.stub: Any = controller
+        self.sampler: Any = sampler
+        self.setup: RolloutSetup | None = None
+        self.rollout_fn: Any = None
+        self.judge_sampler: Any = None
         self.run_cfg = config.run
         self.gateway_id = config.gateway_id or f"gateway-{socket.gethostname()}-{os.getpid()}"
         self.rollout_factory = rollout_factory
@@ -161,6 +173,29 @@ class Gateway:
             pause = min(2 * pause, 5.0)
 
     # --- the loop ------------------------------------------------------------------------------
+    async def prepare_rollouts(self) -> RolloutSetup:
+        """The rollouts' wiring, which `run()` does before it leases (and a test that drives `process_row` or
+        `evaluate` itself): the sampler (the one given, else a `Sampler` over the run's replicas), the
+        `RolloutSetup`, the judge pool (`[up] judge_model`; before the factory runs, which may keep
+        `setup.judge_sampler`), and the rollout function from the factory."""
+        if self.sampler is None:
+            self.sampler = Sampler(
+                self.tokenizer,
+                auth_token=self.config.auth_token,
+                request_timeout_s=self.config.generate_timeout_s,
+                replica_wait_s=self.config.replica_wait_s,
+                default_kwargs=self.run_cfg.sample_kwargs,
+            )
+        setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
+        judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
+        self.judge_sampler = attach_judge(setup, self.config, judge_tokenizer)  # on its /metrics
+        self.rollout_fn = self.rollout_factory(setup)
+        self.setup = setup
+        self._set_context_args()
+        if self.evaluation_fn is not None:
+            self._prepare_evaluation()
+        return setup
+
     async def run(self) -> int:
         if self.config.controller_ready_file:  # started beside the controller: its address once it serves
             from fleetrl.ready_file import wait_ready_file
@@ -170,28 +205,15 @@ class Gateway:
             )
             self.controller_address = str(info["address"])
             self._last_contact = time.monotonic()
-        channel = open_channel(self.controller_address, self.config.auth_token)
-        self.stub = controller_pb2_grpc.ControllerStub(channel)
-        self.sampler = Sampler(
-            self.tokenizer,
-            auth_token=self.config.auth_token,
-            request_timeout_s=self.config.generate_timeout_s,
-            replica_wait_s=self.config.replica_wait_s,
-            default_kwargs=self.run_cfg.sample_kwargs,
-        )
-        setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
-        # The judge pool (fleetrl up's [up] judge_model), before the factory runs: it may keep setup.judge_sampler.
-        judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
-        judge_sampler = self.judge_sampler = attach_judge(setup, self.config, judge_tokenizer)  # on its /metrics
+        if self.stub is None:
+            channel = open_channel(self.controller_address, self.config.auth_token)
+            self.stub = controller_pb2_grpc.ControllerStub(channel)
+        setup = await self.prepare_rollouts()
+        judge_sampler = self.judge_sampler
         follower = None  # compose's scaled judge service: the replicas its name resolves to, looked up again
         if judge_sampler is not None and self.config.judge_resolve_s is not None:
             follow = follow_judges(judge_sampler, self.config.judge, self.config.judge_resolve_s)
             follower = asyncio.create_task(follow, name="judge-lookup")
-        self.rollout_fn = self.rollout_factory(setup)
-        self.setup = setup
-        self._set_context_args()
-        if self.evaluation_fn is not None:
-            self._prepare_evaluation()
         tasks: set[asyncio.Task[None]] = set()
         try:
             registered = await self._register()
@@ -566,7 +588,7 @@ class Gateway:
     ) -> Any:
         """One call of the user's rollout function (with the context keyword arguments it declares; with
         `group_size`, a group rollout's call for the whole group), retried on recoverable errors. With `key`, its
-        sampling calls are seeded from it (fleetrl.sampling_seed); a retry starts from the same seeds, so a
+        sampling calls are seeded from it (fleetrl.gateway.sampling_seed); a retry starts from the same seeds, so a
         transport hiccup does not change what is sampled."""
         args: tuple[Any, ...] = (dict(row),) if group_size is None else (dict(row), group_size)
         async with self._slots:

@@ -1,7 +1,9 @@
 """fleetrl.trainer: the policy trainer's training logic, free of sockets.
 
 - `model`: load any HF causal LM by path; the logprob forward shared with the reference service.
-- `batching`: groups -> advantages, step statistics, minibatch / rank / micro-batch splits.
+- `step_batch`: a step's groups -> its samples, their advantages (`advantages`) and the step's statistics.
+- `minibatches`: how the inner loop splits a step's samples: minibatches, ranks, micro-batches.
+- `datum`: a sample as a training datum (the one-token shift and padding).
 - `optim`: AdamW and the LR schedule (warmup, constant / linear / cosine).
 - `checkpoint`: torch.distributed.checkpoint save and resume.
 - `distributed`: FSDP2 sharding and rank-0 broadcasts under torchrun.

@@ -4,7 +4,7 @@
 PPO inner loop of Schulman et al. 2017: `old_logprobs` fixed at the start of the batch by a no-grad forward
 when there is more than one minibatch, else old = current, detached). Each minibatch is split across
 data-parallel ranks and each rank's share into micro-batches; every part's loss is scaled by its share of
-the minibatch (fleetrl.trainer.batching.part_loss_scale) so the gradient is that of the whole minibatch.
+the minibatch (fleetrl.trainer.minibatches.part_loss_scale) so the gradient is that of the whole minibatch.
 `PolicyTrainer` owns one; tests call `accumulate_gradients` and `compute_logprobs` directly.
 
 With a `reference_context` (LoRA: the PEFT model's `disable_adapter`), the reference logprobs of kl_beta > 0 are
@@ -27,17 +27,17 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.config import wants_reference_logprobs
-from fleetrl.datum import Datum, collate
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
-from fleetrl.trainer.batching import (
-    RowFigures,
+from fleetrl.trainer.datum import Datum, collate
+from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
+from fleetrl.trainer.minibatches import (
+    SampleFigures,
     balance_by_tokens,
     part_loss_scale,
     split_even,
     token_micro_batches,
 )
-from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
 from fleetrl.trainer.model import target_logprobs
 from fleetrl.trainer.varlen_attention import use_packed_attention
 
@@ -72,7 +72,7 @@ class PendingRef:
     `get()` waits for them, once, and adds the wait to `timers["ref_wait"]`. The inner loop calls it right after the
     first micro-batch's forward, so the reference's forward overlaps the old-logprob pass and that forward; under
     several ranks every rank calls it at that same point (the loader may be a collective: rank 0 scatters each
-    rank's rows)."""
+    rank's samples)."""
 
     def __init__(self, load: Callable[[], RefRows], timers: dict[str, float]) -> None:
         self._load = load
@@ -87,9 +87,9 @@ class PendingRef:
         return self._rows
 
 
-def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]) -> RowFigures:
-    """The figures of `rows` (all present in `datums`), indexed by row."""
-    return RowFigures({i: len(datums[i]) for i in rows}, {i: sum(datums[i].weights) for i in rows})  # type: ignore[arg-type]
+def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], samples: Sequence[int]) -> SampleFigures:
+    """The figures of `samples` (all present in `datums`), indexed by sample."""
+    return SampleFigures({i: len(datums[i]) for i in samples}, {i: sum(datums[i].weights) for i in samples})  # type: ignore[arg-type]
 
 
 class InnerLoop:
@@ -150,12 +150,12 @@ class InnerLoop:
             settings = replace(settings, loss_agg_constant=float(width))
         return settings
 
-    def _my_micro_batches(self, rows: Sequence[int], figures: RowFigures) -> list[list[int]]:
-        """This rank's micro-batches of `rows` (its token-balanced share, cut by the token budget and
+    def _my_micro_batches(self, samples: Sequence[int], figures: SampleFigures) -> list[list[int]]:
+        """This rank's micro-batches of `samples` (its token-balanced share, cut by the token budget and
         micro_batch_size), padded with empty ones to the count of the busiest rank: FSDP's collectives run once
         per forward, so every rank must run as many."""
         lengths = figures.lengths
-        shares = balance_by_tokens(rows, lengths, self.ctx.world_size)
+        shares = balance_by_tokens(samples, lengths, self.ctx.world_size)
         split = [token_micro_batches(s, lengths, self.micro_batch_tokens, self.micro_batch_size) for s in shares]
         count = max(1, *(len(parts) for parts in split))
         mine = split[self.ctx.rank]
@@ -202,11 +202,11 @@ class InnerLoop:
             return logprobs.float(), ent
 
     def _collate(
-        self, datums: Sequence[Datum] | Mapping[int, Datum], rows: Sequence[int]
+        self, datums: Sequence[Datum] | Mapping[int, Datum], samples: Sequence[int]
     ) -> tuple[Any, int, list[Datum]]:
-        if rows:
-            micro = [datums[i] for i in rows]
-            return collate(micro, pad_token_id=self.pad_id), len(rows), micro
+        if samples:
+            micro = [datums[i] for i in samples]
+            return collate(micro, pad_token_id=self.pad_id), len(samples), micro
         dummy = Datum([self.pad_id], [self.pad_id], [0], [0.0])
         return collate([dummy], pad_token_id=self.pad_id), 0, [dummy]
 
@@ -216,18 +216,18 @@ class InnerLoop:
         datums: Sequence[Datum] | Mapping[int, Datum],
         minibatches: Sequence[Sequence[int]],
         timer: str = "old_logprobs",
-        figures: RowFigures | None = None,
+        figures: SampleFigures | None = None,
         model: torch.nn.Module | None = None,
     ) -> dict[int, torch.Tensor]:
-        """No-grad logprobs of the current policy for the rows this rank trains (row -> [N-1] tensor):
+        """No-grad logprobs of the current policy for the samples this rank trains (sample -> [N-1] tensor):
         the `old_logprobs` of the PPO inner loop (or, in `reference_context`, the reference's). Same micro-batches
         as the training forward."""
         started = time.perf_counter()
         if figures is None:
-            figures = _figures_of(datums, [r for rows in minibatches for r in rows])
+            figures = _figures_of(datums, [s for samples in minibatches for s in samples])
         old: dict[int, torch.Tensor] = {}
-        for rows in minibatches:
-            for micro in self._my_micro_batches(rows, figures):
+        for samples in minibatches:
+            for micro in self._my_micro_batches(samples, figures):
                 batch, _, micro_datums = self._collate(datums, micro)
                 logprobs, _ = self._forward(batch, micro_datums, entropy=False, model=model)
                 for j, i in enumerate(micro):
@@ -239,37 +239,40 @@ class InnerLoop:
         self,
         datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
-        ref_rows: RefRows | PendingRef | None,
+        ref_by_sample: RefRows | PendingRef | None,
         ref_future: Future[list[list[float]]] | None,
-        figures: RowFigures | None = None,
+        figures: SampleFigures | None = None,
     ) -> dict[str, float]:
         """The PPO inner loop over one batch: old logprobs if needed, then one optimizer step per
         minibatch. Returns the batch's loss metrics (token-weighted over all ranks) under their per-step names
         (fleetrl.metric_names: `train/loss`, `optim/grad_norm`, `optim/entropy`, `train/clip_frac`, ...).
-        With `figures` (every row's length and trainable tokens), `datums` needs only this rank's rows (by row)."""
-        figures = figures if figures is not None else RowFigures.of(datums)  # type: ignore[arg-type]
+        With `figures` (every sample's length and trainable tokens), `datums` needs only this rank's samples (by
+        index)."""
+        figures = figures if figures is not None else SampleFigures.of(datums)  # type: ignore[arg-type]
         # Fewer samples than num_minibatches (groups lost samples) means fewer, non-empty minibatches.
         minibatches = [list(r) for r in split_even(len(figures), self.cfg.num_minibatches) if r]
         old = self.compute_logprobs(datums, minibatches, figures=figures) if len(minibatches) > 1 else None
-        wants_ref = wants_reference_logprobs(self.cfg) and ref_rows is None and ref_future is None
+        wants_ref = wants_reference_logprobs(self.cfg) and ref_by_sample is None and ref_future is None
         if wants_ref and self.reference_model is not None:
             # The colocated reference: a frozen copy sharded like the policy, in the same micro-batches.
-            ref_rows = self.compute_logprobs(
+            ref_by_sample = self.compute_logprobs(
                 datums, minibatches, timer="ref_forward", figures=figures, model=self.reference_model
             )
         elif wants_ref and self.reference_context is not None:
             with self.reference_context():
-                ref_rows = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
-        if ref_rows is None and ref_future is not None:
+                ref_by_sample = self.compute_logprobs(datums, minibatches, timer="ref_forward", figures=figures)
+        if ref_by_sample is None and ref_future is not None:
             future = ref_future
-            ref_rows = PendingRef(
+            ref_by_sample = PendingRef(
                 lambda: [torch.tensor(lp, dtype=torch.float32) for lp in future.result(REF_WAIT_TIMEOUT_S)],
                 self.timers,
             )
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
-        for rows in minibatches:
-            part = self.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows, figures=figures)
+        for samples in minibatches:
+            part = self.accumulate_gradients(
+                datums, advantages, samples, old=old, ref_by_sample=ref_by_sample, figures=figures
+            )
             norm = self.optimizer_step(finite_loss=math.isfinite(part["_loss"]))
             if norm is None:
                 # A non-finite loss or gradient (e.g. absurd rewards in center mode, a bad sample): this and the
@@ -294,31 +297,31 @@ class InnerLoop:
         self,
         datums: Sequence[Datum] | Mapping[int, Datum],
         advantages: torch.Tensor,
-        rows: Sequence[int],
+        samples: Sequence[int],
         *,
         old: Mapping[int, torch.Tensor] | None = None,
-        ref_rows: RefRows | PendingRef | None = None,
-        figures: RowFigures | None = None,
+        ref_by_sample: RefRows | PendingRef | None = None,
+        figures: SampleFigures | None = None,
     ) -> dict[str, float]:
-        """Forward + backward of the minibatch `rows` (this rank's share); gradients accumulate.
+        """Forward + backward of the minibatch `samples` (this rank's share); gradients accumulate.
 
         The gradient is that of the minibatch's loss as if it ran in one piece on one rank. Returns
         sums over all ranks: "_loss" (the minibatch loss), "_tokens" (its trainable tokens) and
         "_tok/<metric>" token-weighted sums of the loss metrics and the entropy.
         """
         started = time.perf_counter()
-        if figures is None:  # every row of `rows` is here
-            figures = _figures_of(datums, rows)
-        totals = figures.totals(rows)
-        settings = self._loss_settings(figures.width(rows))
+        if figures is None:  # every sample of `samples` is here
+            figures = _figures_of(datums, samples)
+        totals = figures.totals(samples)
+        settings = self._loss_settings(figures.width(samples))
         world = self.ctx.world_size
         sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
-        for micro in self._my_micro_batches(rows, figures):
+        for micro in self._my_micro_batches(samples, figures):
             batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
             logprobs, entropy = self._forward(batch, micro_datums, entropy=True)
-            if isinstance(ref_rows, PendingRef):  # every rank, after its first forward (see PendingRef)
-                ref_rows = ref_rows.get()
+            if isinstance(ref_by_sample, PendingRef):  # every rank, after its first forward (see PendingRef)
+                ref_by_sample = ref_by_sample.get()
             width = logprobs.shape[1]
             old_BT = (
                 _pad_rows([old[i] for i in micro], width).to(self.device)
@@ -326,7 +329,9 @@ class InnerLoop:
                 else logprobs.detach()
             )
             ref_BT = (
-                _pad_rows([ref_rows[i] for i in micro], width).to(self.device) if ref_rows is not None and n else None
+                _pad_rows([ref_by_sample[i] for i in micro], width).to(self.device)
+                if ref_by_sample is not None and n
+                else None
             )
             adv = advantages[list(micro)].to(self.device) if n else torch.zeros(1, device=self.device)
             loss, loss_metrics = policy_loss(

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from fleetrl.datum import gather_target_logprobs
 from fleetrl.model_path import adapter_instead_of_model, check_model_path
+from fleetrl.trainer.datum import gather_target_logprobs, shift_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +145,7 @@ def sequence_logprobs(
     for i, seq in enumerate(sequences):
         if len(seq) < 2:
             raise ValueError(f"sequence {i} has {len(seq)} tokens; at least 2 are needed")
-    packed = pack([s[:-1] for s in sequences], [s[1:] for s in sequences]).to(device)
+    inputs, targets = zip(*(shift_tokens(s) for s in sequences), strict=True)
+    packed = pack(inputs, targets).to(device)
     logprobs_N, _ = packed_logprobs(model, packed, temperature=temperature, chunk_tokens=chunk_tokens)
     return [row.tolist() for row in logprobs_N.float().cpu().split(packed.lengths)]

@@ -18,8 +18,9 @@ adapter disabled (no `ref_logprobs_fn` needed); checkpoints hold the adapter and
 a PEFT adapter folder (and, with export_merged, the merged model in `merged/`).
 
 With world size > 1 (torchrun), rank 0 calls these methods and every other rank runs
-`follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed); a step's rows reach each
-rank as its share only (`batching.rank_rows`), with every row's length and trainable tokens in the header.
+`follow()`, which executes rank 0's broadcast commands (see fleetrl.trainer.distributed); a step's samples reach
+each rank as its share only (`minibatches.rank_samples`), with every sample's length and trainable tokens in the
+header.
 """
 
 from __future__ import annotations
@@ -36,14 +37,12 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.config import reference_model_path, wants_reference_logprobs
-from fleetrl.datum import Datum, build_datum, shift_datum
 from fleetrl.losses import resolve_loss_settings
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.tokenizer_match import check_same_tokenizer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
-from fleetrl.trainer.batching import RowFigures, StepBatch, build_step_batch, rank_rows
 from fleetrl.trainer.checkpoint import (
     TrainerState,
     checkpoint_path,
@@ -51,11 +50,14 @@ from fleetrl.trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from fleetrl.trainer.datum import Datum, build_datum, shift_datum
 from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, PendingRef, resolve_compute_dtype
+from fleetrl.trainer.minibatches import SampleFigures, rank_samples
 from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
+from fleetrl.trainer.step_batch import StepBatch, build_step_batch
 
 logger = logging.getLogger(__name__)
 
@@ -428,9 +430,10 @@ class PolicyTrainer:
     def _step_tensors(
         self, header: dict[str, Any], batch: StepBatch | None
     ) -> tuple[list[Datum] | dict[int, Datum], torch.Tensor]:
-        """Datums and advantages of the step: on one process, of every row; on each rank of a distributed step, of
-        the rows it trains only (`rank_rows`, by row), which are all rank 0 sends it. The advantages tensor is
-        indexed by row (0 for rows another rank trains). Reference logprobs travel later (`_pending_ref`)."""
+        """Datums and advantages of the step: on one process, of every sample; on each rank of a distributed step,
+        of the samples it trains only (`rank_samples`, by index), which are all rank 0 sends it. The advantages
+        tensor is indexed by sample (0 for samples another rank trains). Reference logprobs travel later
+        (`_pending_ref`)."""
         if not self.ctx.enabled:  # one process: no broadcast, no flattening
             assert batch is not None
             datums = [build_datum(s) for s in batch.samples]
@@ -438,13 +441,13 @@ class PolicyTrainer:
         lengths = header["lengths"]
         versioned = header["versioned"]  # which samples carry per-token policy versions
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
-        datum_lengths = [n - 1 for n in lengths]  # the inner loop balances ranks by these (RowFigures.lengths)
-        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
+        datum_lengths = [n - 1 for n in lengths]  # the inner loop balances ranks by these (SampleFigures.lengths)
+        mine = rank_samples(datum_lengths, num_minibatches, world, self.ctx.rank)
         parts = None
         if self.ctx.is_main:
             assert batch is not None
-            ranks = [rank_rows(datum_lengths, num_minibatches, world, r) for r in range(world)]
-            parts = [_flat_rows(batch, rows) for rows in ranks]
+            ranks = [rank_samples(datum_lengths, num_minibatches, world, r) for r in range(world)]
+            parts = [_flat_samples(batch, share) for share in ranks]
         specs = _flat_specs(lengths, versioned, mine)
         flat = fdist.scatter_tensors(parts, specs, self.ctx)
         my_lengths = [lengths[i] for i in mine]
@@ -453,8 +456,8 @@ class PolicyTrainer:
         masks = flat["mask"].split(my_lengths)
         versions: list[list[int] | None] = [None] * len(mine)
         if "versions" in flat:
-            rows = iter(flat["versions"].split([lengths[i] for i in mine if versioned[i]]))
-            versions = [next(rows).tolist() if versioned[i] else None for i in mine]
+            per_sample = iter(flat["versions"].split([lengths[i] for i in mine if versioned[i]]))
+            versions = [next(per_sample).tolist() if versioned[i] else None for i in mine]
         datums = {
             i: shift_datum(t.tolist(), lp.tolist(), m.tolist(), v)
             for i, t, lp, m, v in zip(mine, tokens, logprobs, masks, versions, strict=True)
@@ -469,7 +472,7 @@ class PolicyTrainer:
         lengths = header["lengths"]
         datum_lengths = [n - 1 for n in lengths]
         world, num_minibatches = self.ctx.world_size, self.cfg.num_minibatches
-        mine = rank_rows(datum_lengths, num_minibatches, world, self.ctx.rank)
+        mine = rank_samples(datum_lengths, num_minibatches, world, self.ctx.rank)
 
         def load() -> dict[int, torch.Tensor]:
             parts = None
@@ -478,8 +481,8 @@ class PolicyTrainer:
                 ref = ref_future.result(REF_WAIT_TIMEOUT_S)
                 parts = []
                 for r in range(world):
-                    rows = rank_rows(datum_lengths, num_minibatches, world, r)
-                    parts.append({"ref": torch.tensor([x for i in rows for x in ref[i]], dtype=torch.float32)})
+                    share = rank_samples(datum_lengths, num_minibatches, world, r)
+                    parts.append({"ref": torch.tensor([x for i in share for x in ref[i]], dtype=torch.float32)})
             specs = {"ref": (torch.float32, sum(datum_lengths[i] for i in mine))}
             flat = fdist.scatter_tensors(parts, specs, self.ctx)
             return dict(zip(mine, flat["ref"].split([datum_lengths[i] for i in mine]), strict=True))
@@ -496,18 +499,18 @@ class PolicyTrainer:
         started = time.perf_counter()
         self.loop.timers = {"fwd_bwd": 0.0, "optim": 0.0, "old_logprobs": 0.0, "ref_wait": 0.0}
         datums, advantages = self._step_tensors(header, batch)
-        ref_rows: PendingRef | None = None
-        figures = RowFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
-        num_rows = len(header["lengths"])
+        ref_by_sample: PendingRef | None = None
+        figures = SampleFigures([n - 1 for n in header["lengths"]], header["trainable"]) if self.ctx.enabled else None
+        num_samples = len(header["lengths"])
         metrics: dict[str, float] = {}
         local_future = ref_future
         if self.ctx.enabled and header["has_ref"]:
-            ref_rows, local_future = self._pending_ref(header, ref_future), None
+            ref_by_sample, local_future = self._pending_ref(header, ref_future), None
         elif self.ctx.enabled:
             local_future = None
-        if num_rows:
+        if num_samples:
             try:
-                metrics = self.loop.train_batch(datums, advantages, ref_rows, local_future, figures)
+                metrics = self.loop.train_batch(datums, advantages, ref_by_sample, local_future, figures)
                 self.state.optimizer_steps += int(metrics[mn.OPTIMIZER_STEPS])
             except BaseException:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -567,7 +570,7 @@ class PolicyTrainer:
                 step,
                 self.version,
                 metrics.get(mn.LOSS, float("nan")),
-                num_rows,
+                num_samples,
                 train_time,
             )
         return result
@@ -703,14 +706,14 @@ class PolicyTrainer:
         return out
 
 
-def _flat_rows(batch: StepBatch, rows: Sequence[int]) -> dict[str, torch.Tensor]:
-    """The samples `rows` of the step as flat 1-D tensors (the fields of `_flat_specs`), end to end in row order."""
-    samples = [batch.samples[i] for i in rows]
+def _flat_samples(batch: StepBatch, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+    """The step's samples `indices` as flat 1-D tensors (the fields of `_flat_specs`), end to end in that order."""
+    samples = [batch.samples[i] for i in indices]
     flat = {
         "tokens": torch.tensor([t for s in samples for t in s.tokens], dtype=torch.long),
         "logprobs": torch.tensor([x for s in samples for x in s.logprobs], dtype=torch.float32),
         "mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.long),
-        "advantages": torch.tensor([batch.advantages[i] for i in rows], dtype=torch.float32),
+        "advantages": torch.tensor([batch.advantages[i] for i in indices], dtype=torch.float32),
     }
     if any(s.versions is not None for s in batch.samples):
         flat["versions"] = torch.tensor(
@@ -720,16 +723,16 @@ def _flat_rows(batch: StepBatch, rows: Sequence[int]) -> dict[str, torch.Tensor]
 
 
 def _flat_specs(
-    lengths: Sequence[int], versioned: Sequence[bool], rows: Sequence[int]
+    lengths: Sequence[int], versioned: Sequence[bool], indices: Sequence[int]
 ) -> dict[str, tuple[torch.dtype, int]]:
-    """Dtype and length of each flat tensor of `_flat_rows` for `rows`, from the header alone."""
-    total = sum(lengths[i] for i in rows)
+    """Dtype and length of each flat tensor of `_flat_samples` for the samples `indices`, from the header alone."""
+    total = sum(lengths[i] for i in indices)
     specs = {
         "tokens": (torch.long, total),
         "logprobs": (torch.float32, total),
         "mask": (torch.long, total),
-        "advantages": (torch.float32, len(rows)),
+        "advantages": (torch.float32, len(indices)),
     }
     if any(versioned):
-        specs["versions"] = (torch.long, sum(lengths[i] for i in rows if versioned[i]))
+        specs["versions"] = (torch.long, sum(lengths[i] for i in indices if versioned[i]))
     return specs

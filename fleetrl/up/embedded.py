@@ -168,7 +168,7 @@ def run_summary(cfg: Config, exit_code: int) -> dict[str, Any]:
                 steps.append(record)
     final = Path(cfg.output_dir) if cfg.output_dir else log_dir / "final"
     last = steps[-1] if steps else {}
-    from fleetrl.up.status import read_end_record
+    from fleetrl.commands.status import read_end_record
 
     ended = read_end_record(log_dir) or {}
     return {

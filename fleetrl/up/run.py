@@ -264,7 +264,7 @@ def attach_refusal(address: str, token: str | None, wait_s: float = 10.0) -> str
 
     import grpc
 
-    from fleetrl.up.status import fetch_status
+    from fleetrl.commands.status import fetch_status
 
     deadline = time.monotonic() + wait_s
     while True:
@@ -631,7 +631,7 @@ def stop_patience(children: list[Child], stop_timeout_s: float) -> dict[str, flo
 def dropped_rows_note(log_dir: Path) -> str | None:
     """What a finished run left out (its controller's run_end.json): rows dropped as too slow, or failing every
     attempt; None when none. Such a run still exits 0 (docs/ARCHITECTURE.md, "Failure modes")."""
-    from fleetrl.up.status import read_end_record
+    from fleetrl.commands.status import read_end_record
 
     record = read_end_record(log_dir) or {}
     slow, failing = int(record.get("rows_dropped_slow") or 0), int(record.get("rows_dropped_failing") or 0)

@@ -17,10 +17,10 @@ import grpc
 from prometheus_client import CollectorRegistry
 
 from fleetrl.controller.dataset import DatasetCursor, load_rows
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 from fleetrl.rpc import create_grpc_server
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.metrics import ControllerMetrics

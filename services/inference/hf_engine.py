@@ -440,7 +440,7 @@ class HFEngine(InferenceEngine):
 
     def _completes_stop_string(self, seq: _Seq) -> bool:
         """Whether the token just appended completes one of the request's stop strings. The whole completion is
-        decoded (special tokens skipped) and searched, as the sampler's client-side cut does (fleetrl.sampler.
+        decoded (special tokens skipped) and searched, as the sampler's client-side cut does (fleetrl.gateway.sampler.
         cut_at_stop), so the engine stops at the very token that cut keeps: earlier tokens did not complete one."""
         stops = seq.group.request.stop
         if not stops:

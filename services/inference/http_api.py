@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from fleetrl.gateway.sampler import cut_at_stop
 from fleetrl.openai_chat import (
     assistant_message,
     chat_completion_body,
@@ -132,20 +133,19 @@ def completion_prompts(raw: str | list[str] | list[int] | list[list[int]], token
     return prompts
 
 
-def cut_at_stop(c: Completion, stop: str | list[str] | None, tokenizer: Any) -> tuple[str, Completion]:
-    """The completion's text (special tokens skipped) and the completion cut at a stop string."""
+def stop_completion(c: Completion, stop: str | list[str] | None, tokenizer: Any) -> tuple[str, Completion]:
+    """The completion's text (special tokens skipped) and the completion cut at a stop string: its tokens up to
+    the one that completes the first stop string (`fleetrl.gateway.sampler.cut_at_stop`, the one stop cut), its
+    text up to where that string starts."""
     text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
     stops = [stop] if isinstance(stop, str) else [s for s in stop or [] if s]
     hits = [text.find(s) for s in stops if s in text]
     if not hits:
         return text, c
-    cut = min(hits)
-    for k in range(1, len(c.token_ids) + 1):  # fewest tokens whose text reaches the stop
-        prefix = tokenizer.decode(c.token_ids[:k], skip_special_tokens=True)
-        if any(s in prefix for s in stops):
-            c = Completion(c.token_ids[:k], c.logprobs[:k], FINISH_STOP, c.prompt_len, c.versions[:k])
-            break
-    return text[:cut], c
+    keep = cut_at_stop(tokenizer, c.token_ids, stops)
+    if keep is not None:
+        c = Completion(c.token_ids[:keep], c.logprobs[:keep], FINISH_STOP, c.prompt_len, c.versions[:keep])
+    return text[: min(hits)], c
 
 
 def choice_extras(c: Completion, prompt: list[int]) -> dict[str, Any]:
@@ -226,7 +226,7 @@ class OpenAIApi:
         choices, flat = [], []
         for prompt, completions in zip(prompts, results, strict=True):
             for c in completions:
-                text, c = cut_at_stop(c, body.stop, self.tokenizer)
+                text, c = stop_completion(c, body.stop, self.tokenizer)
                 lp = None
                 if body.logprobs is not None:
                     toks = self.tokenizer.convert_ids_to_tokens(c.token_ids)
@@ -265,7 +265,7 @@ class OpenAIApi:
         (completions,) = await self.generate("chat", [request])
         choices = []
         for c0 in completions:
-            text, c = cut_at_stop(c0, body.stop, self.tokenizer)
+            text, c = stop_completion(c0, body.stop, self.tokenizer)
             lp = None
             if body.logprobs:
                 lp = token_logprobs(self.tokenizer.convert_ids_to_tokens(c.token_ids), c.logprobs)

@@ -28,7 +28,7 @@ from typing import Any
 import grpc
 from prometheus_client import CollectorRegistry
 
-from fleetrl.membership import keep_registered
+from fleetrl.inference.membership import keep_registered
 from fleetrl.rpc import create_grpc_server
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.engine import InferenceEngine

@@ -8,10 +8,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleetrl import metric_names as mn
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.controller.step_sums import StepSums
-from fleetrl.gate import OffPolicyGate
 from fleetrl.services.controller.metrics import ControllerMetrics, rollout_queue_depth
 from fleetrl.services.trainer.launcher import build_parser, config_from_args
 from fleetrl.services.trainer.server import advertised_endpoint, create_server

@@ -109,7 +109,7 @@ def _cookbook_style_make_rollout_fn(setup):
 
 
 async def test_a_cookbook_style_rollout_run_without_a_run_reward_trains():
-    from fleetrl.sampler import SampledCompletion
+    from fleetrl.gateway.sampler import SampledCompletion
 
     class Sampler:  # the engine's answer, shaped as fleetrl's sampler returns it
         async def sample_with_prompt_tokens(self, prompt, n=1, **kwargs):

@@ -10,12 +10,13 @@ import pytest
 
 from fleetrl import Config, RolloutRun, RolloutSetup
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 from fleetrl.step_metrics import sample_metrics
 from fleetrl.tinker import builder_from_dataset, dataset_rows, run_group, stop_arguments, tinker_rollout_fn
 from fleetrl.v1 import controller_pb2
+from tests.controller_standin import RecordingController
 
 
 class CharTokenizer:
@@ -152,15 +153,6 @@ def test_stop_conditions_and_dataset_rows():
     assert len(rows) == 6 and builder_from_dataset(Dataset())(rows[4]) == "b1g1"
 
 
-class RecordingController:
-    def __init__(self) -> None:
-        self.reports: list[Any] = []
-
-    async def ReportRows(self, request: Any, timeout: float | None = None) -> Any:
-        self.reports.extend(request.reports)
-        return controller_pb2.ReportRowsResponse()
-
-
 async def test_the_gateway_runs_one_builder_per_row_with_seeds_per_member():
     sampler = ScriptedSampler()
     run = Config(base_model="unused", dataset="unused", completions_per_prompt=3, seed=4)
@@ -171,10 +163,10 @@ async def test_the_gateway_runs_one_builder_per_row_with_seeds_per_member():
         builders.append(PairwiseBuilder(row["n"]))
         return builders[-1]
 
-    gateway = Gateway(GatewayConfig(run=run, rollout="unused:unused"), rollout_factory=lambda s: None)
-    gateway.rollout_fn = tinker_rollout_fn(setup, builder_for_row)
-    gateway.stub = RecordingController()
-    gateway._set_context_args()
+    settings = GatewayConfig(run=run, rollout="unused:unused")
+    factory = lambda _: tinker_rollout_fn(setup, builder_for_row)  # noqa: E731 - the rollout over this test's setup
+    gateway = Gateway(settings, rollout_factory=factory, controller=RecordingController())
+    await gateway.prepare_rollouts()
     await gateway.process_row(controller_pb2.LeasedRow(row_id=2, submit_version=0, attempt=1, row_json='{"n": 3}'))
     assert len(builders) == 1 and builders[0].calls == [3]
     assert list(gateway.stub.reports[0].rewards) == [4.0, 2.0, 2.0]

@@ -14,8 +14,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_module_is_a_scope_and_the_stacks_and_engines_share_one_each():
-    assert scope_of("tests/unit/test_gate.py::test_x") == scope_of("tests/unit/test_gate.py::test_y[1]")
-    assert scope_of("tests/unit/test_gate.py::test_x") == "tests/unit/test_gate.py"
+    assert scope_of("tests/unit/controller/test_gate.py::test_x") == scope_of(
+        "tests/unit/controller/test_gate.py::test_y[1]"
+    )
+    assert scope_of("tests/unit/controller/test_gate.py::test_x") == "tests/unit/controller/test_gate.py"
     assert scope_of("tests/deploy/test_compose.py::a") == scope_of("tests/deploy/test_chart.py::b") == "deploy"
     assert scope_of("tests/integration/inference/test_vllm_lora.py::a") == "vllm"
     assert {scope_of(f"{m}::t") for m in VLLM_MODULES} == {"vllm"}

@@ -144,7 +144,7 @@ async def check_stop_strings(engine: InferenceEngine, model_dir: str) -> None:
     """A stop string ends generation inside the engine: the completion ends with the token that completes it
     (finish_reason "stop"), its tokens and logprobs are those of a run without the stop string up to there (what
     the sampler's client-side cut keeps), and the engine generated no token past it."""
-    from fleetrl.sampler import cut_at_stop
+    from fleetrl.gateway.sampler import cut_at_stop
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     base = SamplingRequest(PROMPTS[2], max_tokens=40, ignore_eos=True, seed=5)

@@ -9,9 +9,9 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from fleetrl.gateway.sampler import Sampler
 from fleetrl.gateway.session_server import SessionServer
 from fleetrl.openai_chat import render_chat_prompt
-from fleetrl.sampler import Sampler
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.server import create_server, make_engine
 from tests.integration.inference import conformance

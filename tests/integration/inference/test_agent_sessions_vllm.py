@@ -11,8 +11,8 @@ pytest.importorskip("vllm")
 
 from transformers import AutoTokenizer
 
+from fleetrl.gateway.sampler import Sampler
 from fleetrl.gateway.session_server import SessionServer
-from fleetrl.sampler import Sampler
 from tests.integration.inference import conformance
 from tests.integration.inference.agent_loop import chat_agent
 from tests.integration.inference.conftest import VLLM_TEST_MARKS

@@ -15,9 +15,9 @@ from transformers import AutoModelForCausalLM
 from fleetrl import Config
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.weights import WeightPublisher

@@ -1,4 +1,4 @@
-"""The sampler's merging of a row's seeded n = 1 calls (fleetrl/sampler_coalesce.py) against a real hf replica
+"""The sampler's merging of a row's seeded n = 1 calls (fleetrl/gateway/sampler_coalesce.py) against a real hf replica
 over gRPC: 8 concurrent calls reach the engine as one request, and every caller gets exactly the completion it gets
 when the calls go out one by one (issue 19: one prefill and one gRPC call per row instead of G)."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from fleetrl.sampler import Sampler
-from fleetrl.sampling_seed import RolloutKey, rollout_seed_scope
+from fleetrl.gateway.sampler import Sampler
+from fleetrl.gateway.sampling_seed import RolloutKey, rollout_seed_scope
 from fleetrl.services.inference.config import InferenceConfig
 from fleetrl.services.inference.server import create_server, make_engine
 

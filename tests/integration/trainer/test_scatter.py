@@ -1,6 +1,6 @@
 """Each trainer rank receives only the rows it trains: 2 gloo ranks train a step of 7 samples (not divisible by the
 ranks, in 2 minibatches, with reference logprobs) to the same metrics as 1 rank, and the bytes rank 1 receives of
-the step's rows are exactly those of its share (`rank_rows`), not the whole batch."""
+the step's rows are exactly those of its share (`rank_samples`), not the whole batch."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer import distributed as fdist
-from fleetrl.trainer.batching import rank_rows
+from fleetrl.trainer.minibatches import rank_samples
 from tests.integration.trainer.rank_env import end_rank, rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
@@ -79,7 +79,7 @@ def test_each_rank_receives_its_share_and_an_uneven_split_matches_one_rank(tiny_
     samples = sorted(((g.row_id, s) for g in groups for s in g.samples), key=lambda x: x[0])
     samples_in_order = [s for _, s in samples]
     assert len(samples_in_order) == 7
-    share = rank_rows([len(s.tokens) - 1 for s in samples_in_order], SETTINGS["num_minibatches"], 2, 1)
+    share = rank_samples([len(s.tokens) - 1 for s in samples_in_order], SETTINGS["num_minibatches"], 2, 1)
     assert share and len(share) < 7
     expected = sum(_row_bytes(samples_in_order[i]) for i in share)
     whole = sum(_row_bytes(s) for s in samples_in_order)

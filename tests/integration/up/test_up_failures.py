@@ -13,11 +13,11 @@ import time
 import grpc
 import pytest
 
+from fleetrl.commands.status import fetch_status
 from fleetrl.controller.journal import Journal
 from fleetrl.group_stream import GroupSender
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import RolloutGroup
-from fleetrl.up.status import fetch_status
 from tests.integration.up.conftest import (
     REPO,
     read_metrics,

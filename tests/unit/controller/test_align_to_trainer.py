@@ -3,9 +3,9 @@
 import pytest
 
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 
 ROWS = [{"q": i} for i in range(12)]
 

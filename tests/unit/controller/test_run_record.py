@@ -11,9 +11,9 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 from fleetrl.metrics_jsonl import SUPERSEDED, read_lines
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator, RunFailed

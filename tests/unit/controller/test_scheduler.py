@@ -1,7 +1,7 @@
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 
 ROWS = [{"q": i} for i in range(8)]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.gate import OffPolicyGate
 
 ROWS = [{"q": i} for i in range(50)]
 

@@ -13,10 +13,10 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.controller.dataset import DatasetCursor
+from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.controller.step_line import StepTimes
-from fleetrl.gate import OffPolicyGate
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.services.controller.servicer import ControllerServicer

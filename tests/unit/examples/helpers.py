@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fleetrl.sampler import SampledCompletion
+from fleetrl.gateway.sampler import SampledCompletion
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 

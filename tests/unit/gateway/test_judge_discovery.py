@@ -12,7 +12,7 @@ import pytest
 from fleetrl import RolloutSetup
 from fleetrl.gateway.flags import build_parser, config_from_args
 from fleetrl.gateway.judge import attach_judge, follow_judges, resolve_judges
-from fleetrl.sampler import Sampler
+from fleetrl.gateway.sampler import Sampler
 from tests.waiting import async_wait_until
 
 

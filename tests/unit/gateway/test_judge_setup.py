@@ -11,7 +11,7 @@ from fleetrl import Config, RolloutSetup
 from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.flags import build_parser, config_from_args
 from fleetrl.gateway.judge import attach_judge
-from fleetrl.sampler import Sampler
+from fleetrl.gateway.sampler import Sampler
 
 
 @pytest.fixture(scope="module")

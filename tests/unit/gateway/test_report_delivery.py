@@ -110,10 +110,10 @@ async def test_a_report_is_not_retried_past_controller_lost_s():
     settings = GatewayConfig(
         run=run, rollout="unused:unused", controller_address=f"127.0.0.1:{port}", controller_lost_s=0.5
     )
-    gateway = Gateway(settings, rollout_factory=make_rollout_fn)
+    stub = controller_pb2_grpc.ControllerStub(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
+    gateway = Gateway(settings, rollout_factory=make_rollout_fn, controller=stub)
     gateway.report_retry_s = 0.05
-    gateway.stub = controller_pb2_grpc.ControllerStub(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
-    gateway.rollout_fn = make_rollout_fn(None)
+    await gateway.prepare_rollouts()
     leased = controller_pb2.LeasedRow(row_id=0, submit_version=0, row_json=json.dumps({"q": 1}), attempt=1)
     try:
         with pytest.raises(ControllerLost):

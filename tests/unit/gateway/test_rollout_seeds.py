@@ -7,9 +7,9 @@ from typing import Any
 
 from fleetrl import Config, RolloutSample
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
+from fleetrl.gateway.sampling_seed import RolloutKey, derive_seed, rollout_seed_scope
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
-from fleetrl.sampling_seed import RolloutKey, derive_seed, rollout_seed_scope
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 
 
@@ -54,10 +54,11 @@ async def test_an_explicit_seed_wins_and_outside_a_rollout_calls_stay_unseeded()
     assert configured.seeds == [7]
 
 
-def _gateway(rollout_fn: Any, sampler: Sampler) -> Gateway:
+async def _gateway(rollout_fn: Any, sampler: Sampler) -> Gateway:
     run = Config(base_model="unused", dataset="unused", completions_per_prompt=4, seed=11)
-    gateway = Gateway(GatewayConfig(run=run, rollout="unused:unused"), rollout_factory=lambda setup: rollout_fn)
-    gateway.rollout_fn, gateway.sampler = rollout_fn, sampler
+    settings = GatewayConfig(run=run, rollout="unused:unused")
+    gateway = Gateway(settings, rollout_factory=lambda setup: rollout_fn, sampler=sampler)
+    await gateway.prepare_rollouts()
     return gateway
 
 
@@ -79,7 +80,7 @@ def _two_turn_rollout(sampler: Sampler, fail_first: int = 0):
 
 async def test_the_gateway_seeds_each_rollout_from_run_seed_row_version_and_sample_index():
     sampler = RecordingSampler()
-    gateway = _gateway(_two_turn_rollout(sampler), sampler)
+    gateway = await _gateway(_two_turn_rollout(sampler), sampler)
     leased = SimpleNamespace(row_id=21, submit_version=4, attempt=2)
     await gateway.one_rollout({"prompt": [1, 2]}, gateway._rollout_key(leased, 3))
     assert sampler.seeds == [derive_seed(11, 21, 4, 3, 0), derive_seed(11, 21, 4, 3, 1)]
@@ -87,7 +88,7 @@ async def test_the_gateway_seeds_each_rollout_from_run_seed_row_version_and_samp
 
 async def test_a_retried_rollout_starts_again_from_the_same_seeds():
     sampler = RecordingSampler()
-    gateway = _gateway(_two_turn_rollout(sampler, fail_first=1), sampler)
+    gateway = await _gateway(_two_turn_rollout(sampler, fail_first=1), sampler)
     result = await gateway.one_rollout({"prompt": [1, 2]}, RolloutKey(11, 21, 4, 0))
     assert isinstance(result, RolloutSample) and gateway.counters["rollouts_retried"] == 1
     first, second = derive_seed(11, 21, 4, 0, 0), derive_seed(11, 21, 4, 0, 1)

@@ -1,5 +1,5 @@
 """The one `RolloutSetup` every gateway and `fleetrl eval` hand the rollout factory, and the sampler interface it
-types (`fleetrl.sampler.SamplerLike`)."""
+types (`fleetrl.gateway.sampler.SamplerLike`)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import RETRYABLE_CODES, Sampler, SamplerLike
+from fleetrl.gateway.sampling_seed import RolloutKey
 from fleetrl.gateway.worker import Gateway
 from fleetrl.rollout import RolloutSetup
-from fleetrl.sampler import RETRYABLE_CODES, Sampler, SamplerLike
-from fleetrl.sampling_seed import RolloutKey
 
 
 def test_the_setup_carries_the_runs_settings_and_the_sampler() -> None:
@@ -57,7 +57,7 @@ def test_a_rollout_failing_with_a_retryable_code_runs_again(code: grpc.StatusCod
 
     run = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
     gateway = Gateway(GatewayConfig(run=run, rollout="unused:unused"), rollout_factory=lambda setup: rollout)
-    gateway.rollout_fn = rollout
+    asyncio.run(gateway.prepare_rollouts())
     result = asyncio.run(gateway.one_rollout({"q": 1}, RolloutKey(0, 1, 0, 0)))
     if retried:
         assert result == "done" and len(calls) == 2 and gateway.counters["rollouts_retried"] == 1

@@ -9,9 +9,9 @@ from typing import Any
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampling_seed import RolloutKey
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampling_seed import RolloutKey
-from fleetrl.v1 import controller_pb2
+from tests.controller_standin import RecordingController
 
 RUN = Config(base_model="unused", dataset="unused", completions_per_prompt=2)
 
@@ -29,7 +29,7 @@ def test_a_hung_rollout_is_cancelled_dropped_counted_and_not_retried(caplog):
 
     config = GatewayConfig(run=RUN, rollout="unused:unused", rollout_timeout_s=0.05, rollout_retries=3)
     gateway = Gateway(config, rollout_factory=lambda setup: hung_rollout)
-    gateway.rollout_fn = hung_rollout
+    asyncio.run(gateway.prepare_rollouts())
     with caplog.at_level(logging.WARNING):
         result = asyncio.run(gateway.one_rollout({"q": 1}, RolloutKey(0, 17, 0, 0)))
     assert isinstance(result, TimeoutError)
@@ -38,23 +38,15 @@ def test_a_hung_rollout_is_cancelled_dropped_counted_and_not_retried(caplog):
     assert "row 17: a rollout ran past rollout_timeout_s" in caplog.text
 
 
-class RecordingController:
-    def __init__(self) -> None:
-        self.evals: list[Any] = []
-
-    async def ReportEval(self, request: Any, timeout: float | None = None) -> Any:
-        self.evals.append(request)
-        return controller_pb2.ReportEvalResponse()
-
-
 def test_a_hung_evaluation_hook_is_cancelled_and_reported_failed():
     async def hung_eval(setup: Any, rows: list[dict]) -> dict[str, float]:
         await asyncio.Event().wait()
         return {}
 
     config = GatewayConfig(run=RUN, rollout="unused:unused", eval_timeout_s=0.05)
-    gateway = Gateway(config, rollout_factory=lambda setup: None, evaluation_fn=hung_eval)
-    gateway.setup, gateway.stub = None, RecordingController()
+    gateway = Gateway(
+        config, rollout_factory=lambda setup: None, evaluation_fn=hung_eval, controller=RecordingController()
+    )
     asyncio.run(gateway.evaluate(3))
     (report,) = gateway.stub.evals
     assert report.version == 3 and report.metrics["failed"] == 1.0 and report.metrics["timed_out"] == 1.0

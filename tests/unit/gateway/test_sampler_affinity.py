@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from fleetrl.sampler import Sampler
+from fleetrl.gateway.sampler import Sampler
 from fleetrl.services.inference.engine import Completion, SamplingRequest
 
 

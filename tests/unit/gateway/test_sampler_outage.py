@@ -13,10 +13,11 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.sampler import NoReplicaError, Sampler
 from fleetrl.gateway.worker import Gateway
-from fleetrl.sampler import NoReplicaError, Sampler
 from fleetrl.services.inference.engine import SamplingRequest
 from fleetrl.v1 import controller_pb2
+from tests.controller_standin import RecordingController
 
 REQUEST = SamplingRequest(prompt_token_ids=[1, 2], n=1, max_tokens=2)
 
@@ -103,23 +104,14 @@ async def test_slow_failures_are_tried_max_attempts_times():
     assert raised.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and slow.calls == 3
 
 
-class RecordingController:
-    def __init__(self) -> None:
-        self.reports: list[Any] = []
-
-    async def ReportRows(self, request: Any, timeout: float | None = None) -> Any:
-        self.reports.extend(request.reports)
-        return controller_pb2.ReportRowsResponse(results=["retry"])
-
-
 async def test_rollouts_that_find_no_replica_neither_trip_the_breaker_nor_reject_the_row():
     async def rollout_fn(row: dict) -> Any:
         raise NoReplicaError("no live inference replica to sample from for 300 s")
 
     run = Config(base_model="unused", dataset="unused", completions_per_prompt=4)
     config = GatewayConfig(run=run, rollout="unused:unused", rollout_retries=1, breaker_min_attempts=2)
-    gateway = Gateway(config, rollout_factory=lambda setup: rollout_fn)
-    gateway.rollout_fn, gateway.stub = rollout_fn, RecordingController()
+    gateway = Gateway(config, rollout_factory=lambda setup: rollout_fn, controller=RecordingController("retry"))
+    await gateway.prepare_rollouts()
     for row_id in range(3):  # 12 rollouts: with failures counted, a breaker judging 2 would have tripped
         await gateway.process_row(controller_pb2.LeasedRow(row_id=row_id, submit_version=0, attempt=1, row_json="{}"))
     assert len(gateway.breaker.window) == 0 and not gateway.breaker.is_open

@@ -15,9 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from fleetrl import Config, RolloutSetup
+from fleetrl.gateway.sampler import SampledCompletion
+from fleetrl.gateway.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
 from fleetrl.gateway.session_server import SessionServer, session_hosts
-from fleetrl.sampler import SampledCompletion
-from fleetrl.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
 
 TOOLS = [
     {
@@ -159,7 +159,7 @@ async def test_calls_use_the_runs_sampling_settings_and_refuse_what_a_session_ca
 
 
 class SeedRecordingSampler(ScriptedSampler):
-    """Records the seed the gateway's sampler would draw for each call (fleetrl.sampling_seed)."""
+    """Records the seed the gateway's sampler would draw for each call (fleetrl.gateway.sampling_seed)."""
 
     def __init__(self, tokenizer, replies: list[str]) -> None:
         super().__init__(tokenizer, replies)

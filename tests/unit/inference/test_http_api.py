@@ -19,7 +19,7 @@ from fleetrl.services.inference.http_api import (
     OpenAIApi,
     completion_prompts,
     create_app,
-    cut_at_stop,
+    stop_completion,
 )
 from fleetrl.services.inference.http_auth import AuthVersionMiddleware
 from fleetrl.services.inference.metrics import InferenceMetrics
@@ -117,10 +117,18 @@ def test_completion_prompts_accept_every_openai_form() -> None:
     assert completion_prompts([[3], [4, 5]], tok) == [[3], [4, 5]]
 
 
-def test_cut_at_stop_keeps_a_completion_without_a_stop_string() -> None:
+def test_stop_completion_keeps_a_completion_without_a_stop_string() -> None:
     c = Completion([104, 105], [-1.0, -2.0], "length", 1, [0, 0])
-    assert cut_at_stop(c, None, CharTokenizer()) == ("hi", c)
-    assert cut_at_stop(c, ["", "x"], CharTokenizer()) == ("hi", c)
+    assert stop_completion(c, None, CharTokenizer()) == ("hi", c)
+    assert stop_completion(c, ["", "x"], CharTokenizer()) == ("hi", c)
+
+
+def test_stop_completion_cuts_the_tokens_at_the_one_that_completes_the_stop_and_the_text_before_it() -> None:
+    c = Completion([104, 105, 33, 120, 121], [-1.0, -2.0, -3.0, -4.0, -5.0], "length", 1, [0, 0, 1, 1, 1])
+    text, cut = stop_completion(c, ["!x", "zz"], CharTokenizer())
+    assert text == "hi"
+    assert (cut.token_ids, cut.logprobs, cut.versions) == ([104, 105, 33, 120], [-1.0, -2.0, -3.0, -4.0], [0, 0, 1, 1])
+    assert cut.finish_reason == "stop"
 
 
 def test_the_app_checks_the_token_and_reports_bad_bodies_as_400() -> None:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fleetrl.datum import build_datum
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer
-from fleetrl.trainer.batching import build_step_batch
+from fleetrl.trainer.datum import build_datum
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
+from fleetrl.trainer.step_batch import build_step_batch
 from tests.unit.losses import custom_losses
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 

@@ -11,10 +11,10 @@ import torch
 from safetensors.torch import load_file
 
 from fleetrl import metric_names as mn
+from fleetrl.commands.evaluate import servable_model
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
-from fleetrl.up.evaluate import servable_model
 from fleetrl.weights import WeightPublisher
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 

@@ -8,9 +8,9 @@ import copy
 import pytest
 import torch
 
-from fleetrl.advantages import group_advantages
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer, StepError
+from fleetrl.trainer.advantages import group_advantages
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 

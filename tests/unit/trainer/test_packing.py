@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fleetrl.datum import Datum, collate
 from fleetrl.losses import LOSS_NAMES
 from fleetrl.trainer import PolicyTrainer
+from fleetrl.trainer.datum import Datum, collate
 from fleetrl.trainer.logprobs import pack, packed_logprobs
 from fleetrl.trainer.model import load_causal_lm, target_logprobs
 from tests.unit.trainer.helpers import make_cfg, tiny_groups

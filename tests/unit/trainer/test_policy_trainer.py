@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 
-from fleetrl.datum import build_datum
 from fleetrl.losses import LOSS_NAMES
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.trainer import PolicyTrainer, StepError
-from fleetrl.trainer.batching import build_step_batch
+from fleetrl.trainer.datum import build_datum
 from fleetrl.trainer.model import load_causal_lm, sequence_logprobs
+from fleetrl.trainer.step_batch import build_step_batch
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
 
@@ -43,9 +43,9 @@ def test_one_step_on_a_fixed_batch_decreases_the_loss(loss_name, tiny_model_dir,
     trainer = PolicyTrainer(cfg, ref_logprobs_fn=ref_fn if kl_beta else None)
     datums, advantages, rows = _batch_inputs(groups)
     old = trainer.loop.compute_logprobs(datums, [rows])  # the policy before the step = old_logprobs of the step
-    ref_rows = [old[i] for i in rows] if kl_beta else None
+    ref_by_sample = [old[i] for i in rows] if kl_beta else None
 
-    before = trainer.loop.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)["_loss"]
+    before = trainer.loop.accumulate_gradients(datums, advantages, rows, old=old, ref_by_sample=ref_by_sample)["_loss"]
     trainer.model.zero_grad(set_to_none=True)
     result = trainer.train_step(groups)
     if loss_name == "cispo":
@@ -53,7 +53,7 @@ def test_one_step_on_a_fixed_batch_decreases_the_loss(loss_name, tiny_model_dir,
         # is -c0*A*pi*w with c0 = clip(1) = 1 before the step: the reinforce form (w = 1 here, since the
         # rollout logprobs are the base model's). Re-evaluating with a new c is a different function.
         trainer.loop.loss_name = "reinforce"
-    after = trainer.loop.accumulate_gradients(datums, advantages, rows, old=old, ref_rows=ref_rows)["_loss"]
+    after = trainer.loop.accumulate_gradients(datums, advantages, rows, old=old, ref_by_sample=ref_by_sample)["_loss"]
 
     assert math.isclose(result.metrics["train/loss"], before, rel_tol=1e-4, abs_tol=1e-6)
     assert after < before - 1e-5, f"{loss_name}: loss {before:.6f} -> {after:.6f}"

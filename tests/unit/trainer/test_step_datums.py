@@ -1,4 +1,4 @@
-"""The datums a step trains on are `fleetrl.datum.build_datum`'s, on one process and on every rank of a
+"""The datums a step trains on are `fleetrl.trainer.datum.build_datum`'s, on one process and on every rank of a
 distributed step (where each rank receives only the rows it trains, as flat tensors): the one-token shift, the
 logprobs and the per-token policy versions arrive unchanged."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from fleetrl import RolloutSample
-from fleetrl.datum import build_datum
 from fleetrl.trainer import PolicyTrainer
 from fleetrl.trainer import distributed as fdist
+from fleetrl.trainer.datum import build_datum
 from tests.unit.trainer.helpers import make_cfg
 
 SAMPLES = [

@@ -34,17 +34,24 @@ def build_datum(sample: RolloutSample) -> Datum:
     return shift_datum(sample.tokens, sample.logprobs, sample.loss_mask, sample.versions)
 
 
+def shift_tokens(tokens: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The one-token shift: position t's input is token t and its target token t + 1 (`tokens[:-1]`,
+    `tokens[1:]`). Every datum, and every sequence the reference scores, is shifted here."""
+    return list(tokens[:-1]), list(tokens[1:])
+
+
 def shift_datum(
     tokens: Sequence[int],
     logprobs: Sequence[float],
     loss_mask: Sequence[int],
     versions: Sequence[int] | None = None,
 ) -> Datum:
-    """The shift itself, on a sample's per-token lists (what each trainer rank receives for its own rows):
-    the one implementation `build_datum` uses too."""
+    """The shift, on a sample's per-token lists (what each trainer rank receives for its own samples): the one
+    implementation `build_datum` uses too."""
+    inputs, targets = shift_tokens(tokens)
     return Datum(
-        input_tokens=list(tokens[:-1]),
-        target_tokens=list(tokens[1:]),
+        input_tokens=inputs,
+        target_tokens=targets,
         weights=[int(m) for m in loss_mask[1:]],
         rollout_logprobs=[float(x) for x in logprobs[1:]],
         versions=None if versions is None else list(versions[1:]),

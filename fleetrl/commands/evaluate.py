@@ -51,7 +51,7 @@ async def evaluate_with(
     from transformers import AutoTokenizer
 
     from fleetrl.controller.dataset import load_rows
-    from fleetrl.sampler import Sampler
+    from fleetrl.gateway.sampler import Sampler
     from fleetrl.user_code import load_object
 
     evaluation_fn = load_object(evaluation)

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from fleetrl.up.status import find_runs, main, proto_to_plain, render, trainer_address
+from fleetrl.commands.status import find_runs, main, proto_to_plain, render, trainer_address
 from fleetrl.v1 import controller_pb2, trainer_pb2
 
 
@@ -59,7 +59,7 @@ def test_render_shows_the_trainers_version():
 
 def test_no_run_here_says_where_it_looked(tmp_path, monkeypatch, capsys, free_port):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("fleetrl.up.status.DEFAULT_ADDRESS", f"127.0.0.1:{free_port}")  # nothing listens there
+    monkeypatch.setattr("fleetrl.commands.status.DEFAULT_ADDRESS", f"127.0.0.1:{free_port}")  # nothing listens there
     assert main([]) == 1
     err = capsys.readouterr().err
     assert f"no run in {tmp_path}" in err and f"controller at 127.0.0.1:{free_port}: UNAVAILABLE" in err
@@ -107,6 +107,6 @@ def test_rows_dropped_as_too_slow_are_reported_at_the_end(tmp_path):
 
 
 def render_ended_text(log_path):
-    from fleetrl.up.status import read_end_record, render_ended
+    from fleetrl.commands.status import read_end_record, render_ended
 
     return render_ended(read_end_record(log_path), log_path)

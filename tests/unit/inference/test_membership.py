@@ -1,4 +1,4 @@
-"""The register-and-heartbeat loop of a member that joins by itself (fleetrl.membership), against a scripted
+"""The register-and-heartbeat loop of a member that joins by itself (fleetrl.inference.membership), against a scripted
 controller: no sockets."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 import grpc
 import pytest
 
-from fleetrl.membership import stay_registered
+from fleetrl.inference.membership import stay_registered
 from fleetrl.v1 import controller_pb2
 
 
@@ -71,7 +71,7 @@ def test_a_restarted_controller_that_does_not_know_it_gets_a_new_registration():
 def test_failures_are_retried_and_logged_once_per_run_of_failures(caplog: pytest.LogCaptureFixture):
     known = controller_pb2.HeartbeatResponse(known=True)
     script = [unavailable(), unavailable(), registered(), unavailable(), unavailable(), known]
-    with caplog.at_level(logging.DEBUG, logger="fleetrl.membership"):
+    with caplog.at_level(logging.DEBUG, logger="fleetrl.inference.membership"):
         controller = run(script)
     # A controller not up yet, then one that stops answering for a while: never fatal, registered once.
     assert [c[0] for c in controller.calls] == [

@@ -24,9 +24,9 @@ restart is a slow call to the rollout, not a failed one. Slow failures (DEADLINE
 tried `max_attempts` times at most.
 
 A call without a `seed` (in its arguments or the run's sample_kwargs) made inside a gateway rollout is seeded from
-the rollout (run seed, row, version, sample index, call index: fleetrl.sampling_seed); elsewhere it is unseeded.
+the rollout (run seed, row, version, sample index, call index: fleetrl.gateway.sampling_seed); elsewhere it is unseeded.
 Seeded calls of one prompt and settings made together (a row's G rollouts) go to the replica as one request with a
-seed per completion (fleetrl.sampler_coalesce): one prefill and one gRPC call instead of G, the same tokens.
+seed per completion (fleetrl.gateway.sampler_coalesce): one prefill and one gRPC call instead of G, the same tokens.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ import grpc
 
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.clients.inference_types import SamplingRequest
-from fleetrl.sampler_coalesce import RequestCoalescer
-from fleetrl.sampling_seed import next_rollout_seed
+from fleetrl.gateway.sampler_coalesce import RequestCoalescer
+from fleetrl.gateway.sampling_seed import next_rollout_seed
 
 log = logging.getLogger(__name__)
 REPLICA_DROPPED = "replica left the routable set"
@@ -196,7 +196,7 @@ class Sampler:
         self._calls: dict[str, set[asyncio.Task[Any]]] = {}  # calls in flight per replica
         self._routable: list[str] = []
         self._affinity: OrderedDict[str, str] = OrderedDict()  # user= key -> its replica
-        # Seeded calls of one prompt made together go out as one request (fleetrl.sampler_coalesce).
+        # Seeded calls of one prompt made together go out as one request (fleetrl.gateway.sampler_coalesce).
         self.coalescer = RequestCoalescer(self.generate) if coalesce else None
         self.calls = 0
         self.retries = 0

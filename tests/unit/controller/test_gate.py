@@ -1,6 +1,6 @@
 import pytest
 
-from fleetrl.gate import GateError, OffPolicyGate
+from fleetrl.controller.gate import GateError, OffPolicyGate
 
 
 def test_issue_vector_b4_g1_o1_c3():

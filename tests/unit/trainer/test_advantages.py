@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from fleetrl.advantages import group_advantages, member_advantages
+from fleetrl.trainer.advantages import group_advantages, member_advantages
 
 
 def test_standardize_hand_vector():

@@ -1,4 +1,4 @@
-"""`RequestCoalescer` (fleetrl/sampler_coalesce.py): seeded calls of one prompt made together become one request
+"""`RequestCoalescer` (fleetrl/gateway/sampler_coalesce.py): seeded calls of one prompt made together become one request
 with a seed per completion, each caller gets its own completions back, and cancellation and failures stay each
 caller's own. A fake `send` records the requests (pure logic; the engines' side of `seeds` is in the conformance
 suite, the sampler's over real gRPC in tests/unit/gateway/test_sampler_merging.py)."""
@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from fleetrl.clients.inference_types import SamplingRequest
-from fleetrl.sampler_coalesce import RequestCoalescer, chunks, merged_request, split_completions
+from fleetrl.gateway.sampler_coalesce import RequestCoalescer, chunks, merged_request, split_completions
 from tests.waiting import async_wait_until
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fleetrl.sampling_seed import (
+from fleetrl.gateway.sampling_seed import (
     SEED_BITS,
     RolloutKey,
     derive_seed,

@@ -1,7 +1,7 @@
 import torch
 
 from fleetrl import RolloutSample
-from fleetrl.datum import build_datum, collate, gather_target_logprobs, samples_to_batch
+from fleetrl.trainer.datum import build_datum, collate, gather_target_logprobs, samples_to_batch
 
 
 def test_one_position_shift_on_interleaved_multi_turn_mask():
