@@ -6,10 +6,11 @@ mixed into: a new run there would keep the old checkpoints (a later `--resume` w
 model, and append to the old logs. A log_path with only the logs of a start that failed before the controller
 came up holds no run: those logs are removed so the new run's logs start clean.
 
-A log_path is owned by one live run (`lock_log_dir`): `fleetrl up` holds an OS lock on `<log_path>/run.lock` for
-the run's life (its services inherit it), so a second start there, plain, `--resume` or `--overwrite`, is refused
-naming the live run's pid before it reads or deletes anything, while a crashed run (the OS released its lock) can
-still be resumed.
+A run's folders are owned by one live run (`lock_run_folders`): `fleetrl up` holds an OS lock on `run.lock` in
+its log_path, its checkpoint folder and its output folder for the run's life (its services inherit them), so a
+second start that names any of them, plain, `--resume` or `--overwrite`, whatever its own log_path, is refused
+naming the live run (its pid and log_path) before it reads or deletes anything; `--overwrite` empties an owned
+folder but keeps its `run.lock`. A crashed run (the OS released its locks) can still be resumed.
 """
 
 from __future__ import annotations
@@ -53,29 +54,38 @@ class LogDirError(ValueError):
 
 
 class RunLock:
-    """The OS lock that makes a live run the owner of its log_path (`lock_log_dir`). The kernel releases it when
-    every process holding its descriptor (`fleetrl up` and the services it started) has exited, however they
-    ended, so a crashed run can be resumed."""
+    """The OS locks that make a live run the owner of its folders (`lock_run_folders`): its log_path's `run.lock`
+    (`path`, `fd`) and the `run.lock` of each other folder it writes (checkpoints, final export). The kernel
+    releases them when every process holding their descriptors (`fleetrl up` and the services it started) has
+    exited, however they ended, so a crashed run can be resumed."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, others: list[tuple[Path, int]] | None = None) -> None:
         self.path = path
         self.fd = fd
+        self.others = others or []
+
+    @property
+    def fds(self) -> tuple[int, ...]:
+        """Every descriptor the services must inherit to keep the folders owned."""
+        return tuple(fd for fd in (self.fd, *(fd for _, fd in self.others)) if fd >= 0)
 
     def release(self) -> None:
-        """Unlock now (`fleetrl.main()` returning in a process that goes on); the file stays."""
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        """Unlock now (`fleetrl.main()` returning in a process that goes on); the files stay."""
+        for fd in self.fds:
+            os.close(fd)
+        self.fd = -1
+        self.others = []
 
 
-def _holder(fd: int, wait_s: float = 1.0) -> str:
-    """The pid the lock's holder wrote (it writes it right after locking: wait a little for it)."""
+def _holder(fd: int, wait_s: float = 1.0) -> tuple[str, str]:
+    """The pid and log_path the lock's holder wrote (it writes them right after locking: wait a little)."""
     deadline = time.monotonic() + wait_s
     while True:
         os.lseek(fd, 0, os.SEEK_SET)
-        text = os.read(fd, 64).decode(errors="replace").strip()
-        if text or time.monotonic() >= deadline:
-            return text or "unknown"
+        lines = os.read(fd, 4096).decode(errors="replace").splitlines()
+        if (lines and lines[0].strip()) or time.monotonic() >= deadline:
+            pid = lines[0].strip() if lines and lines[0].strip() else "unknown"
+            return pid, lines[1].strip() if len(lines) > 1 else ""
         time.sleep(0.02)
 
 
@@ -89,41 +99,69 @@ def _pid_alive(pid: str) -> bool:
     return True
 
 
-def lock_log_dir(log_dir: Path) -> RunLock:
-    """Make this process the owner of `log_dir` for the run's life, or raise LogDirError naming the live run
-    (its `fleetrl up` pid) that owns it. Creates `log_dir` if needed; call before reading or deleting anything
-    in it."""
+def _lock_folder(folder: Path, what: str, log_dir: Path) -> int:
+    """flock `<folder>/run.lock` and write this process's pid and `log_dir` in it; the descriptor. Raises
+    LogDirError naming the live run that holds it (`what`: the folder's role in this run, for the message)."""
     try:
-        log_dir.mkdir(parents=True, exist_ok=True)
-        path = log_dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:  # a file in the way, no permission, a full disk
-        raise LogDirError(f"run.log_path: cannot use {log_dir}: {exc.strerror or exc}") from None
+        raise LogDirError(f"{what}: cannot use {folder}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        pid = _holder(fd)
+        pid, holder_log = _holder(fd)
         os.close(fd)
+        same = what == "run.log_path" and Path(holder_log) == folder.resolve()  # as before: its pid says it
+        owner = "" if not holder_log or same else f", log_path {holder_log}"
+        subject = f"{folder}" if what == "run.log_path" else f"{what} {folder}"
         if pid != "unknown" and not _pid_alive(pid):
             raise LogDirError(
-                f"{log_dir} is still in use: the services of the run whose `fleetrl up` (pid {pid}) ended are still "
-                "stopping (a trainer may be writing its checkpoint); start again once they have exited"
+                f"{subject} is still in use: the services of the run whose `fleetrl up` (pid {pid}{owner}) ended are "
+                "still stopping (a trainer may be writing its checkpoint); start again once they have exited"
             ) from None
         raise LogDirError(
-            f"{log_dir} is in use by a live run (`fleetrl up`, pid {pid}): stop it first (Ctrl-C, or kill -TERM "
-            f"{pid}; then --resume continues it), or give this run another log_path"
+            f"{subject} is in use by a live run (`fleetrl up`, pid {pid}{owner}): stop it first (Ctrl-C, or kill "
+            f"-TERM {pid}; then --resume continues it), or give this run another log_path"
+            + ("" if what == "run.log_path" else f" and {what}")
         ) from None
     except BaseException:
         os.close(fd)
         raise
-    with contextlib.suppress(OSError):  # the pid is only for the message of a refused start
+    with contextlib.suppress(OSError):  # the pid and log_path are only for the message of a refused start
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-    return RunLock(path, fd)
+        os.write(fd, f"{os.getpid()}\n{log_dir.resolve()}\n".encode())
+    return fd
+
+
+def lock_log_dir(log_dir: Path) -> RunLock:
+    """Make this process the owner of `log_dir` for the run's life, or raise LogDirError naming the live run
+    (its `fleetrl up` pid) that owns it. Creates `log_dir` if needed; call before reading or deleting anything
+    in it."""
+    return RunLock(log_dir / LOCK_FILE, _lock_folder(log_dir, "run.log_path", log_dir))
+
+
+def lock_run_folders(log_dir: Path, folders: dict[str, Path]) -> RunLock:
+    """`lock_log_dir`, then each of the run's other folders (`folders`: its role, e.g. "the checkpoint folder
+    (--checkpoint-dir)", to its path): a folder another live run owns, as its log_path, checkpoints or export,
+    is refused naming that run. All or nothing: on a refusal the locks taken are released."""
+    lock = lock_log_dir(log_dir)
+    seen = {log_dir.resolve()}
+    try:
+        for what, folder in folders.items():
+            if folder.resolve() in seen:
+                continue
+            seen.add(folder.resolve())
+            lock.others.append((folder / LOCK_FILE, _lock_folder(folder, what, log_dir)))
+    except BaseException:
+        lock.release()
+        raise
+    return lock
 
 
 def _not_empty(path: Path) -> bool:
-    return path.is_dir() and any(path.iterdir())
+    """A folder that holds something besides its owner's lock."""
+    return path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir())
 
 
 def run_files(log_dir: Path, checkpoint_dir: Path, output_dir: Path) -> list[Path]:
@@ -140,7 +178,11 @@ def service_logs(log_dir: Path) -> list[Path]:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
+    if path.is_dir() and not path.is_symlink() and (path / LOCK_FILE).exists():
+        for inner in path.iterdir():  # an owned folder: its lock stays (unlinked, a second run could lock anew)
+            if inner.name != LOCK_FILE:
+                _remove(inner)
+    elif path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)

@@ -52,7 +52,7 @@ from fleetrl.up.inprocess_gateway import (
     remove_log_handler,
     start_gateways,
 )
-from fleetrl.up.log_dir import LogDirError, RunLock, lock_log_dir, prepare_log_dir
+from fleetrl.up.log_dir import LogDirError, RunLock, lock_run_folders, prepare_log_dir
 from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
@@ -121,10 +121,11 @@ def check_datasets(run: Config) -> None:
 
 
 def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> RunLock | None:
-    """Take `log_path` for this run (refused while another live run owns it: `lock_log_dir`), then check it: resume
-    the run it holds, or refuse to start over without --overwrite (then delete it). Returns the lock, to hold for
-    the run's life (`launch` hands it to the services); raises LogDirError. A run that only attaches gateways to a
-    running controller is not checked and takes no lock."""
+    """Take `log_path`, the checkpoint folder and the output folder for this run (each refused while another live
+    run owns it: `lock_run_folders`), then check them: resume the run they hold, or refuse to start over without
+    --overwrite (then delete it). Returns the lock, to hold for the run's life (`launch` hands it to the services);
+    raises LogDirError. A run that only attaches gateways to a running controller is not checked and takes no
+    lock."""
     if up.controller_address is not None:
         return None
     log_dir = Path(run.log_path)
@@ -132,25 +133,42 @@ def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -
         raise LogDirError("--resume continues the run in log_path and --overwrite deletes it: choose one")
     if log_dir.exists() and not log_dir.is_dir():
         raise LogDirError(f"run.log_path: {log_dir} is a file, not a folder: name a folder for the run's files")
-    lock = lock_log_dir(log_dir)
+    folders = run_folders(run, up)
+    lock = lock_run_folders(log_dir, folders)
     try:
-        _prepare(run, up, log_dir, resume=resume, overwrite=overwrite)
+        _prepare(run, up, log_dir, *folders.values(), resume=resume, overwrite=overwrite)
     except BaseException:
         lock.release()
         raise
     return lock
 
 
-def _prepare(run: Config, up: UpConfig, log_dir: Path, *, resume: bool, overwrite: bool) -> None:
-    checkpoint_dir = _flag_value(up.trainer_args, "--checkpoint-dir") or log_dir / "checkpoints"
-    output_dir = _flag_value(up.trainer_args, "--output-dir") or run.output_dir or log_dir / "final"
+def run_folders(run: Config, up: UpConfig) -> dict[str, Path]:
+    """The folders besides log_path that the run writes and `--overwrite` empties, by their role: the trainer's
+    checkpoints and the final export."""
+    log_dir = Path(run.log_path)
+    checkpoint_flag = _flag_value(up.trainer_args, "--checkpoint-dir")
+    output_flag = _flag_value(up.trainer_args, "--output-dir")
+    checkpoint_what = "the checkpoint folder" + (" (up.trainer_args --checkpoint-dir)" if checkpoint_flag else "")
+    output_what = "the output folder" + (
+        " (up.trainer_args --output-dir)" if output_flag else " (run.output_dir)" if run.output_dir else ""
+    )
+    return {
+        checkpoint_what: Path(checkpoint_flag or log_dir / "checkpoints"),
+        output_what: Path(output_flag or run.output_dir or log_dir / "final"),
+    }
+
+
+def _prepare(
+    run: Config, up: UpConfig, log_dir: Path, checkpoint_dir: Path, output_dir: Path, *, resume: bool, overwrite: bool
+) -> None:
     journal = _flag_value(up.controller_args, "--journal")
     removed = prepare_log_dir(
         log_dir,
         resume=resume,
         overwrite=overwrite,
-        checkpoint_dir=Path(checkpoint_dir),
-        output_dir=Path(output_dir),
+        checkpoint_dir=checkpoint_dir,
+        output_dir=output_dir,
         journal=Path(journal) if journal else None,
     )
     if overwrite and removed:
@@ -182,7 +200,7 @@ def launch(
     threads = _thread_plan(run, up)
     if threads is not None:
         env.update(threads.env("light"))  # controller and gateways; compute services get their share below
-    sup = Supervisor(log_dir, env, keep_fds=(lock.fd,) if lock is not None else ())
+    sup = Supervisor(log_dir, env, keep_fds=lock.fds if lock is not None else ())
     common = ["--config", str(config_path), *[a for s in sets for a in ("--set", s)]]
     stop_requested: list[int] = []
 

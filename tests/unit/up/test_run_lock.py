@@ -13,7 +13,7 @@ import pytest
 
 from fleetrl import Config
 from fleetrl.up.config import UpConfig
-from fleetrl.up.log_dir import LOCK_FILE, LogDirError, lock_log_dir
+from fleetrl.up.log_dir import LOCK_FILE, LogDirError, lock_log_dir, lock_run_folders
 from fleetrl.up.run import check_log_dir
 
 HOLDER = """
@@ -42,7 +42,7 @@ def test_a_second_lock_is_refused_naming_the_owner_and_freed_when_the_owner_is_k
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     lock = lock_log_dir(tmp_path / "run")  # a crashed run's folder: free again
-    assert (tmp_path / "run" / LOCK_FILE).read_text().strip() == str(os.getpid())
+    assert (tmp_path / "run" / LOCK_FILE).read_text().split()[0] == str(os.getpid())
     lock.release()
 
 
@@ -91,3 +91,77 @@ def test_a_crashed_runs_services_still_holding_the_lock_are_named_as_stopping(tm
         child.kill()
         child.wait()
     lock_log_dir(tmp_path).release()
+
+
+RUN_HOLDER = """
+import sys, time
+from fleetrl import Config
+from fleetrl.up.config import UpConfig
+from fleetrl.up.run import check_log_dir
+lock = check_log_dir(Config(base_model="m", log_path=sys.argv[1]), UpConfig.from_dict({"rollout": "m:f"}, "t"),
+                     resume=False, overwrite=True)
+(__import__("pathlib").Path(sys.argv[1]) / "checkpoints" / "step-00000004").mkdir(parents=True)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def start_live_run(log_dir):
+    """A live run's folder lock, held by another process (`check_log_dir`, as `fleetrl up` takes it), with a
+    checkpoint in its default checkpoint folder."""
+    proc = subprocess.Popen([sys.executable, "-c", RUN_HOLDER, str(log_dir)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+@pytest.mark.parametrize("flags", [{}, {"resume": True}, {"overwrite": True}])
+@pytest.mark.parametrize("folder", ["checkpoints", "final", "."])
+def test_a_run_naming_a_live_runs_checkpoint_or_output_folder_is_refused_naming_it_and_deletes_nothing(
+    tmp_path, flags, folder
+):
+    # Issue 45: a run with --overwrite, its own log_path and the live run's --checkpoint-dir deleted the live run's
+    # checkpoints, then both wrote into that folder. Its own log_path was free, so the lock let it through.
+    live_dir = tmp_path / "live"
+    live = start_live_run(live_dir)
+    try:
+        (live_dir / "final").mkdir(exist_ok=True)
+        (live_dir / "final" / "config.json").write_text("{}")
+        before = sorted(str(p.relative_to(live_dir)) for p in live_dir.rglob("*"))
+        other_dir = tmp_path / "other"
+        trainer_args = ["--checkpoint-dir", str(live_dir / folder)] if folder != "final" else []
+        cfg = Config(
+            base_model="m",
+            log_path=str(other_dir),
+            output_dir=str(live_dir / "final") if folder == "final" else None,
+        )
+        up = UpConfig.from_dict({"rollout": "m:f", "trainer_args": trainer_args}, "test")
+        with pytest.raises(LogDirError) as refused:
+            check_log_dir(cfg, up, resume=flags.get("resume", False), overwrite=flags.get("overwrite", False))
+        message = str(refused.value)
+        assert f"in use by a live run (`fleetrl up`, pid {live.pid}, log_path {live_dir.resolve()})" in message
+        assert str(live_dir / folder) in message or str(live_dir) in message
+        assert sorted(str(p.relative_to(live_dir)) for p in live_dir.rglob("*")) == before  # nothing deleted
+        # All or nothing: the refused run holds no lock on its own log_path either.
+        lock_log_dir(other_dir).release()
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_overwrite_empties_an_owned_folder_but_keeps_its_lock(tmp_path):
+    cfg = Config(base_model="m", log_path=str(tmp_path / "run"))
+    up = UpConfig.from_dict({"rollout": "m:f"}, "test")
+    lock = check_log_dir(cfg, up, resume=False, overwrite=False)
+    (tmp_path / "run" / "checkpoints" / "step-00000002").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    lock.release()
+    lock = check_log_dir(cfg, up, resume=False, overwrite=True)
+    try:
+        assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == [LOCK_FILE]
+        with pytest.raises(LogDirError, match="checkpoint folder"):  # still owned: the same lock file
+            lock_run_folders(tmp_path / "elsewhere", {"the checkpoint folder": tmp_path / "run" / "checkpoints"})
+    finally:
+        lock.release()
+    # A folder with only its lock holds no run: a plain start is fine.
+    check_log_dir(cfg, up, resume=False, overwrite=True).release()
+    check_log_dir(cfg, up, resume=False, overwrite=False).release()
