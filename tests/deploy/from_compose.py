@@ -1,11 +1,19 @@
 """docker-compose.yml as local services: the fleetrl containers' commands, environment, mounts, healthchecks and
-depends_on exactly as written, variables interpolated the way compose does (`${VAR}`, `${VAR:-default}`,
-`${VAR-default}`, `${VAR:?error}`, `$$`).
+depends_on exactly as compose resolves them.
 
     services = compose_services(REPO / "docker-compose.yml", env, profiles={"cpu"}, workdir=tmp, scale={"gateway": 2})
 
+`load_compose` reads the file through compose itself (`docker-compose config`, Debian's docker-compose, which
+`scripts/install.sh test` installs) wherever the tool is on PATH, so the tests see what compose sees: YAML merge
+keys, variable interpolation, override files and profiles by compose's own code. Only where the tool is absent does
+`read_compose` stand in: an in-Python reader that resolves merge keys by the YAML merge rule (in a merge list the
+earlier mapping wins: https://yaml.org/type/merge.html, as compose does) with its own loader rather than whatever
+the installed PyYAML does (PyYAML 6.0.4 reversed the order), and interpolates variables the way compose does
+(`${VAR}`, `${VAR:-default}`, `${VAR-default}`, `${VAR:?error}`, `$$`). tests/deploy/test_compose.py holds the
+reader equal to `docker-compose config` on every profile.
+
 More files (`overrides`, as `-f docker-compose.yml -f more.yml`) merge into the first: mappings key by key, a
-service's `command` and `entrypoint` replaced; other lists of a service the first file has are refused here.
+service's `command` and `entrypoint` replaced; the reader refuses other lists of a service the first file has.
 Named volumes become folders under `workdir/volumes/` (shared by every service that mounts them, as a volume
 is); bind mounts are the host folders themselves. The image's ENTRYPOINT comes from the service's Dockerfile
 unless the service sets `entrypoint`.
@@ -15,8 +23,13 @@ Prometheus scrape config into one for these local addresses.
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -75,14 +88,111 @@ def _merge(base: Any, override: Any, where: str) -> Any:
     return override
 
 
-def load_compose(path: Path, env: dict[str, str], overrides: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """The compose file (merged with `overrides`, in order) with YAML merges resolved, extension fields dropped
-    and variables interpolated."""
+class _MergeLoader(yaml.SafeLoader):
+    """SafeLoader with the YAML merge key resolved by the spec, whatever the installed PyYAML's own rule is: the
+    mapping's own keys win over merged ones, and in a merge list (`<<: [*a, *b]`) an earlier mapping wins over a
+    later one."""
+
+    def flatten_mapping(self, node: yaml.MappingNode) -> None:
+        merged: dict[Any, tuple[yaml.Node, yaml.Node]] = {}
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                if key_node.tag == "tag:yaml.org,2002:value":
+                    key_node.tag = "tag:yaml.org,2002:str"
+                own.append((key_node, value_node))
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source in sources:
+                if not isinstance(source, yaml.MappingNode):
+                    raise ComposeError(f"line {source.start_mark.line + 1}: a merge key takes mappings only")
+                self.flatten_mapping(source)
+                for pair in source.value:
+                    merged.setdefault(self.construct_object(pair[0], deep=True), pair)  # earlier source wins
+        own_keys = {self.construct_object(k, deep=True) for k, _ in own}
+        node.value = [pair for key, pair in merged.items() if key not in own_keys] + own
+
+
+def read_compose(path: Path, env: dict[str, str], overrides: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The in-Python reader: the compose file (merged with `overrides`, in order) with YAML merges resolved,
+    extension fields dropped and variables interpolated from `env` alone."""
     data: dict[str, Any] = {}
     for file in (path, *overrides):
-        more = yaml.safe_load(file.read_text())
+        more = yaml.load(file.read_text(), Loader=_MergeLoader)
         data = _merge(data, {k: v for k, v in more.items() if not k.startswith("x-")}, "")
-    return _interpolate_tree(data, env)
+    return _as_compose_prints(_interpolate_tree(data, env), path.parent)
+
+
+def _as_compose_prints(config: dict[str, Any], base: Path) -> dict[str, Any]:
+    """The spelling `docker-compose config` prints: build contexts and bind-mount sources absolute, a volume's
+    mode (rw) and a port's protocol (tcp) spelled out, `depends_on` as a mapping, a disabled healthcheck as
+    `test: [NONE]`, a named volume's empty spec as `{}`."""
+
+    def volume(spec: str) -> str:
+        source, target, *mode = spec.split(":")
+        if source.startswith("."):
+            source = str((base / source).resolve())
+        return ":".join([source, target, *(mode or ["rw"])])
+
+    for service in config.get("services", {}).values():
+        if isinstance(service.get("build"), dict):
+            service["build"]["context"] = str((base / service["build"].get("context", ".")).resolve())
+        if "volumes" in service:
+            service["volumes"] = [volume(v) for v in service["volumes"]]
+        if "ports" in service:
+            service["ports"] = [p if "/" in str(p) else f"{p}/tcp" for p in service["ports"]]
+        if isinstance(service.get("depends_on"), list):
+            service["depends_on"] = {d: {"condition": "service_started"} for d in service["depends_on"]}
+        if (service.get("healthcheck") or {}).get("disable"):
+            service["healthcheck"] = {"test": ["NONE"]}
+    if "volumes" in config:
+        config["volumes"] = {name: spec or {} for name, spec in config["volumes"].items()}
+    return config
+
+
+def compose_config(
+    path: Path, env: dict[str, str], overrides: tuple[Path, ...] = (), profiles: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """`docker-compose config` on the file (and `overrides`) with exactly `env` (no .env file) and `profiles`:
+    the configuration compose itself resolves. Raises ComposeError with compose's message if it refuses."""
+    key = (str(path), tuple(str(o) for o in overrides), tuple(sorted(env.items())), tuple(profiles))
+    return copy.deepcopy(_compose_config(*key))
+
+
+@functools.lru_cache(maxsize=64)
+def _compose_config(
+    path: str, overrides: tuple[str, ...], env: tuple[tuple[str, str], ...], profiles: tuple[str, ...]
+) -> dict[str, Any]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        raise ComposeError("docker-compose is not installed")
+    files = [arg for file in (path, *overrides) for arg in ("-f", file)]
+    process_env = {"PATH": "/usr/bin:/bin", **dict(env)}
+    if profiles:
+        process_env["COMPOSE_PROFILES"] = ",".join(profiles)
+    with tempfile.TemporaryDirectory() as tmp:
+        no_env_file = Path(tmp) / "empty.env"  # compose would read the project's .env otherwise
+        no_env_file.write_text("")
+        result = subprocess.run(
+            [exe, "--project-directory", str(Path(path).parent), "--env-file", str(no_env_file), *files, "config"],
+            capture_output=True,
+            text=True,
+            env=process_env,
+            timeout=60,
+        )
+    if result.returncode != 0:
+        raise ComposeError(f"docker-compose config: {result.stderr.strip()}")
+    return yaml.safe_load(result.stdout)
+
+
+def load_compose(
+    path: Path, env: dict[str, str], overrides: tuple[Path, ...] = (), profiles: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The compose file as compose resolves it: `docker-compose config` where the tool is installed, else the
+    in-Python reader (`read_compose`)."""
+    if shutil.which("docker-compose"):
+        return compose_config(path, env, overrides, profiles)
+    return read_compose(path, env, overrides)
 
 
 def dockerfile_entrypoint(dockerfile: Path) -> list[str]:
@@ -123,7 +233,7 @@ def _mounts(service: dict[str, Any], base: Path, workdir: Path) -> dict[str, str
 
 def _probe(service: dict[str, Any]) -> Probe | None:
     test = (service.get("healthcheck") or {}).get("test")
-    if not test:
+    if not test or test == ["NONE"]:
         return None
     if test[0] != "CMD":
         raise ComposeError(f"healthcheck {test!r}: only the exec form [CMD, ...] runs here")
@@ -145,7 +255,7 @@ def compose_services(
     scale: dict[str, int] | None = None,
     overrides: tuple[Path, ...] = (),
 ) -> list[LocalService]:
-    data = load_compose(path, env, overrides)
+    data = load_compose(path, env, overrides, tuple(sorted(profiles)))
     base = path.parent
     out: list[LocalService] = []
     for name, service in data["services"].items():
@@ -199,4 +309,13 @@ def prometheus_config(
     return yaml.safe_dump(config, sort_keys=False)
 
 
-__all__ = ["REPO", "ComposeError", "compose_services", "interpolate", "load_compose", "prometheus_config"]
+__all__ = [
+    "REPO",
+    "ComposeError",
+    "compose_config",
+    "compose_services",
+    "interpolate",
+    "load_compose",
+    "prometheus_config",
+    "read_compose",
+]

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -14,7 +15,14 @@ import pytest
 import yaml
 
 from tests.deploy.conftest import COMPOSE_FILE, COMPOSE_STEPS, TOKEN, need_tool, tiny_run_toml
-from tests.deploy.from_compose import ComposeError, compose_services, interpolate, load_compose
+from tests.deploy.from_compose import (
+    ComposeError,
+    compose_config,
+    compose_services,
+    interpolate,
+    load_compose,
+    read_compose,
+)
 from tests.deploy.localstack import REPO, LocalStack, StackError
 
 ENV_EXAMPLE = REPO / ".env.example"
@@ -91,19 +99,76 @@ def test_scale_gateway_passes_composes_own_scale_checks(tmp_path):
     assert yaml.safe_load(scaled.stdout)["services"]["gateway"]["scale"] == 4
 
 
-@pytest.mark.parametrize("profiles", ["cpu,reference", "gpu", "gpu,reference-gpu"])
-def test_our_interpolation_matches_docker_compose(profiles):
-    """The smoke test reads the file with tests/deploy/from_compose.py; it must see what compose sees."""
+def _canonical(config: dict) -> dict:
+    """What may differ in spelling only: durations (compose prints 60s as 1m) and the order of a service's
+    volumes (compose sorts them by mount path when it merges an override file)."""
+
+    def seconds(value: str) -> float:
+        units = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+        return sum(float(n) * units[u] for n, u in re.findall(r"([\d.]+)(ms|h|m|s)", str(value)))
+
+    services = {}
+    for name, service in config["services"].items():
+        service = dict(service)
+        if "volumes" in service:
+            service["volumes"] = sorted(service["volumes"], key=lambda v: v.split(":")[1])
+        if "healthcheck" in service:
+            check = dict(service["healthcheck"])
+            for key in ("interval", "timeout", "start_period"):
+                if key in check:
+                    check[key] = seconds(check[key])
+            service["healthcheck"] = check
+        services[name] = service
+    return {"services": services, "volumes": config.get("volumes") or {}}
+
+
+READER_CASES = [(p, ()) for p in PROFILE_SETS] + [("cpu", ("docker-compose.rows-url.yml",))]
+
+
+@pytest.mark.parametrize(("profiles", "overrides"), READER_CASES)
+def test_the_in_python_reader_equals_docker_compose_config(profiles, overrides):
+    """Where docker-compose is absent the tests read the file with tests/deploy/from_compose.py's own reader; on
+    every profile (and with the rows-URL override file) it must give exactly what `docker-compose config` gives,
+    up to the spelling compose normalises (absolute paths, default modes, durations)."""
+    need_tool("docker-compose")
     env = env_example() | {"FLEETRL_ENGINE": "hf", "FLEETRL_ROLLOUT": "pkg.mod:make"}
-    result = docker_compose("config", env={**env, "COMPOSE_PROFILES": profiles})
-    assert result.returncode == 0, result.stderr
-    theirs = yaml.safe_load(result.stdout)["services"]
-    ours = load_compose(COMPOSE_FILE, env)["services"]
-    for name, service in ours.items():
-        assert [str(a) for a in service.get("command", [])] == [str(a) for a in theirs[name].get("command", [])], name
-        assert {k: str(v) for k, v in (service.get("environment") or {}).items()} == {
-            k: str(v) for k, v in (theirs[name].get("environment") or {}).items()
-        }, name
+    if overrides:
+        env |= {"FLEETRL_ROWS_URL": "https://data.example.com/train.jsonl", "HF_TOKEN": "hf_x"}
+    files = tuple(REPO / o for o in overrides)
+    theirs = compose_config(COMPOSE_FILE, env, files, tuple(profiles.split(",")))
+    ours = read_compose(COMPOSE_FILE, env, files)
+    assert _canonical(ours) == _canonical(theirs)
+
+
+def test_the_reader_merges_a_merge_list_by_the_yaml_rule(tmp_path):
+    """In `<<: [*a, *b]` the earlier mapping wins, and the mapping's own keys win over both (yaml.org/type/merge,
+    and compose): whatever rule the installed PyYAML follows (6.0.4 reversed it, and the gpu reference service then
+    read `fleetrl:cpu`)."""
+    file = tmp_path / "compose.yml"
+    file.write_text(
+        "x-a: &a {image: first, command: [a]}\n"
+        "x-b: &b {image: second, restart: 'no', command: [b]}\n"
+        "services:\n"
+        "  s:\n    <<: [*a, *b]\n    command: [own]\n"
+        "  t:\n    <<: *b\n"
+        "  u:\n    <<: [*b, *a]\n"
+    )
+    services = read_compose(file, {})["services"]
+    assert services["s"] == {"image": "first", "command": ["own"], "restart": "no"}
+    assert services["t"] == {"image": "second", "restart": "no", "command": ["b"]}
+    assert services["u"] == {"image": "second", "restart": "no", "command": ["b"]}
+    if shutil.which("docker-compose"):  # the same file through compose itself
+        theirs = compose_config(file, {})["services"]
+        assert {n: {k: theirs[n][k] for k in ("image", "command")} for n in theirs} == {
+            n: {k: services[n][k] for k in ("image", "command")} for n in services
+        }
+
+
+def test_load_compose_is_docker_compose_where_it_is_installed():
+    """With the tool on PATH the tests read the file through `docker-compose config`, not the reader."""
+    need_tool("docker-compose")
+    services = load_compose(COMPOSE_FILE, env_example())["services"]
+    assert services["inference"]["build"]["context"] == str(REPO)  # compose makes the context absolute
 
 
 def test_interpolation_rules():
@@ -116,12 +181,12 @@ def test_interpolation_rules():
 def test_override_files_merge_as_compose_does_or_are_refused(tmp_path):
     more = tmp_path / "more.yml"
     more.write_text("services:\n  gateway:\n    command: [serve, gateway]\n    depends_on: {trainer: {}}\n")
-    gateway = load_compose(COMPOSE_FILE, env_example(), overrides=(more,))["services"]["gateway"]
+    gateway = read_compose(COMPOSE_FILE, env_example(), overrides=(more,))["services"]["gateway"]
     assert gateway["command"] == ["serve", "gateway"]  # replaced, as compose replaces a command
     assert gateway["depends_on"] == {"controller": {"condition": "service_healthy"}, "trainer": {}}  # merged
     more.write_text("services:\n  gateway:\n    volumes: [./x:/x]\n")  # compose merges these by mount path
     with pytest.raises(ComposeError, match=r"services\.gateway\.volumes"):
-        load_compose(COMPOSE_FILE, env_example(), overrides=(more,))
+        read_compose(COMPOSE_FILE, env_example(), overrides=(more,))
 
 
 def test_services_find_each_other_by_name_and_gateways_need_no_per_replica_config():

@@ -6,7 +6,7 @@ the empty flags mean none)."""
 from __future__ import annotations
 
 from tests.deploy.conftest import COMPOSE_FILE
-from tests.deploy.from_compose import load_compose
+from tests.deploy.from_compose import REPO, load_compose
 from tests.deploy.test_compose import env_example
 
 
@@ -57,7 +57,7 @@ def test_the_judge_service_is_a_frozen_replica_of_the_judge_model() -> None:
     assert judge["profiles"] == ["judge"]
     command = [str(a) for a in judge["command"]]
     assert command[:2] == ["serve", "inference"] and command[command.index("--model") + 1] == "/models/judge"
-    assert "./models/judge:/models/judge:ro" in judge["volumes"]
+    assert f"{REPO}/models/judge:/models/judge:ro" in judge["volumes"]
     assert "judge" not in " ".join(str(a) for a in services["controller"]["command"])  # never sent weights
 
 
@@ -81,8 +81,6 @@ def test_prometheus_scrapes_every_judge_replica_apart_from_the_policys() -> None
     labelled component=judge so the dashboard's policy inference panels leave it out (and its own panels select it)."""
     import yaml
 
-    from tests.deploy.localstack import REPO
-
     services = load_compose(COMPOSE_FILE, env_example())["services"]
     command = [str(a) for a in services["judge"]["command"]]
     config = yaml.safe_load((REPO / "monitoring" / "prometheus.yml").read_text())
@@ -99,8 +97,6 @@ def test_the_dashboard_shows_the_judge_pool_apart_from_the_policy_replicas() -> 
     inference series leaves the judges out (component!="judge"), so a judge never shows as a policy replica."""
     import json
     import re
-
-    from tests.deploy.localstack import REPO
 
     dashboard = json.loads((REPO / "monitoring" / "grafana" / "dashboards" / "fleetrl.json").read_text())
     panels = dashboard["panels"]
@@ -126,4 +122,4 @@ def test_the_gateways_can_read_the_judges_tokenizer() -> None:
     judge's model folder is mounted there in the gateway's container too."""
     env = env_example() | {"FLEETRL_JUDGE_DIR": "./models/judge", "FLEETRL_JUDGE_MODEL": "/models/judge"}
     services = load_compose(COMPOSE_FILE, env)["services"]
-    assert "./models/judge:/models/judge:ro" in services["gateway"]["volumes"]
+    assert f"{REPO}/models/judge:/models/judge:ro" in services["gateway"]["volumes"]

@@ -6,7 +6,7 @@ teacher, checking its tokenizer against the student's (/models/base) at start. U
 from __future__ import annotations
 
 from tests.deploy.conftest import COMPOSE_FILE
-from tests.deploy.from_compose import load_compose
+from tests.deploy.from_compose import REPO, load_compose
 from tests.deploy.test_compose import env_example, reference_config
 
 
@@ -21,4 +21,4 @@ def test_the_reference_service_serves_the_teacher_the_env_names() -> None:
         config = reference_config(services[name]["command"])
         assert (config.model, config.student_model) == ("/models/teacher", "/models/base")
     for name in ("trainer", "reference", "trainer-gpu"):
-        assert "./models/teacher:/models/teacher:ro" in services[name]["volumes"]
+        assert f"{REPO}/models/teacher:/models/teacher:ro" in services[name]["volumes"]
