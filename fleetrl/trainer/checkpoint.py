@@ -6,13 +6,23 @@ A checkpoint is a folder `<checkpoint_dir>/step-<version>` holding:
 - `trainer_state.json`: steps done, version, optimizer steps, published version, the data position
   the coordinator told us, the trained row ids (deduplication survives a restart), the LR scheduler
   state,
-- `rng-rank<r>.json`: each rank's RNG states (torch, cuda, python `random`).
+- `rng-rank<r>.json`: each rank's RNG states (torch, cuda, python `random`),
+- `manifest.json`, written last: every other file's size and SHA-256.
 
 A LoRA run (`trainable_only=True`) saves only the parameters that train (the adapter) and their optimizer
 state: the frozen base is the base model on disk, loaded again at resume.
 
-`<checkpoint_dir>/latest` names the newest complete checkpoint; it is replaced atomically only after
-every rank has finished writing, so a crash mid-save leaves the previous checkpoint as latest.
+A checkpoint is written into `step-<version>.partial` and becomes `step-<version>` by one rename once every rank
+has written its files and rank 0 its manifest; then `<checkpoint_dir>/latest` is replaced atomically to name it.
+A crash mid-save leaves a `.partial` folder (never loaded, removed by the next save of that version) and the
+previous checkpoint as latest.
+
+A resume trusts nothing it has not checked (`resume_checkpoint`, in fleetrl.checkpoint_manifest, free of torch):
+the checkpoint `latest` names is verified against its manifest (every file there, of its size and checksum); a
+damaged one (a file truncated, zeroed or deleted, by a disk, a copy or a hand) is passed over for the newest whole
+one before it, with the reason logged, and the controller's journal then aligns to that older version (its later
+steps are trained again). With none whole, `CheckpointDamaged` names the damaged file: `fleetrl up --resume`
+checks this before any service starts (exit 2).
 JSON everywhere we choose the format (no pickle of our own state).
 """
 
@@ -24,6 +34,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -32,12 +43,40 @@ from typing import Any
 
 import torch
 
+from fleetrl.checkpoint_manifest import (
+    LATEST,
+    MANIFEST,
+    PARTIAL,
+    STATE_FILE,
+    CheckpointDamaged,
+    ResumePoint,
+    checkpoint_path,
+    fsync_dir,
+    latest_checkpoint,
+    resume_checkpoint,
+    verify_checkpoint,
+    write_atomic,
+    write_manifest,
+)
 from fleetrl.trainer.distributed import DistContext, barrier
 
-logger = logging.getLogger(__name__)
+__all__ = [  # the checkpoint's files (fleetrl.checkpoint_manifest), with the code that writes and loads them
+    "LATEST",
+    "MANIFEST",
+    "STATE_FILE",
+    "CheckpointDamaged",
+    "ResumePoint",
+    "TrainerState",
+    "checkpoint_path",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "resume_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+    "write_manifest",
+]
 
-LATEST = "latest"
-STATE_FILE = "trainer_state.json"
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,10 +114,6 @@ def _options(trainable_only: bool) -> Any:
 
     # strict=False only with trainable_only: the frozen parameters are absent from the checkpoint on purpose.
     return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
-
-
-def checkpoint_path(root: str | Path, version: int) -> Path:
-    return Path(root) / f"step-{version:08d}"
 
 
 def _json_safe(obj: Any) -> Any:
@@ -120,12 +155,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([_decode_byte_tensor(s) for s in state["cuda"]])
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def save_checkpoint(
     root: str | Path,
     *,
@@ -138,36 +167,47 @@ def save_checkpoint(
 ) -> Path:
     """Write a checkpoint of `state.version`; every rank must call it. Returns its folder.
 
-    `trainable_only`: leave out frozen parameters (a LoRA run's base model)."""
+    The files go to `step-<version>.partial`; once all are written (each rank's shards and RNG, rank 0's state
+    and manifest), one rename makes it `step-<version>` (replacing an earlier save of that version) and `latest`
+    is pointed at it. `trainable_only`: leave out frozen parameters (a LoRA run's base model)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     path = checkpoint_path(root, state.version)
-    path.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + PARTIAL)
+    if ctx.is_main:
+        shutil.rmtree(partial, ignore_errors=True)  # a save of this version cut short: start it again
+        partial.mkdir(parents=True)
+    barrier(ctx)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     with _single_process_ok(ctx):
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-    _write_atomic(path / f"rng-rank{ctx.rank}.json", json.dumps(rng_state()))
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(partial))
+    write_atomic(partial / f"rng-rank{ctx.rank}.json", json.dumps(rng_state()))
+    barrier(ctx)  # every rank's files are written
     if ctx.is_main:
         state.scheduler = _json_safe(scheduler.state_dict())
-        _write_atomic(path / STATE_FILE, json.dumps(asdict(state)))
-    barrier(ctx)
-    if ctx.is_main:
-        _write_atomic(Path(root) / LATEST, path.name + "\n")
+        write_atomic(partial / STATE_FILE, json.dumps(asdict(state)))
+        write_manifest(partial)
+        _replace_folder(partial, path)
+        write_atomic(Path(root) / LATEST, path.name + "\n")
+        fsync_dir(Path(root))
         logger.info("checkpoint of version %d saved to %s", state.version, path)
     barrier(ctx)
     return path
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    """The newest complete checkpoint under `root`, or None when there is none."""
-    pointer = Path(root) / LATEST
-    if not pointer.exists():
-        return None
-    path = Path(root) / pointer.read_text().strip()
-    if not (path / STATE_FILE).exists():
-        raise FileNotFoundError(f"{pointer} names {path}, which has no {STATE_FILE}")
-    return path
+def _replace_folder(src: Path, dst: Path) -> None:
+    """Rename `src` to `dst`; an existing `dst` (this version saved before) is moved aside first and removed
+    after. A crash between the two renames leaves no `dst`: a resume then takes the checkpoint before it."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(dst.name + ".replaced")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(dst, old)
+    os.rename(src, dst)
+    fsync_dir(dst.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(

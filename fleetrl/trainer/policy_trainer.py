@@ -46,8 +46,8 @@ from fleetrl.trainer import lora
 from fleetrl.trainer.checkpoint import (
     TrainerState,
     checkpoint_path,
-    latest_checkpoint,
     load_checkpoint,
+    resume_checkpoint,
     save_checkpoint,
 )
 from fleetrl.trainer.datum import Datum, build_datum, shift_datum
@@ -351,11 +351,15 @@ class PolicyTrainer:
         return self._do_export(Path(out))
 
     def resume(self, path: str | Path | None = None) -> bool:
-        """Restore the latest checkpoint (or `path`); False when there is none to resume."""
+        """Restore the latest whole checkpoint (or `path`); False when there is none to resume. A damaged latest is
+        passed over for the newest whole one, with a warning (`resume_checkpoint`); with none whole it raises
+        CheckpointDamaged naming the damaged file."""
         self._require_main("resume")
         if path is None:
-            found = latest_checkpoint(self.checkpoint_dir)
-            path = str(found) if found else None
+            point = resume_checkpoint(self.checkpoint_dir)
+            if (note := point.note()) is not None:
+                logger.warning("%s", note)
+            path = str(point.path) if point.path else None
         fdist.broadcast_json({"op": "resume", "path": path}, self.ctx)
         return self._do_resume(path)
 

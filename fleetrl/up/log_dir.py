@@ -65,6 +65,11 @@ class RunLock:
         self.others = others or []
 
     @property
+    def held(self) -> set[Path]:
+        """The lock files this run holds (resolved)."""
+        return {p.resolve() for p in (self.path, *(path for path, _ in self.others))}
+
+    @property
     def fds(self) -> tuple[int, ...]:
         """Every descriptor the services must inherit to keep the folders owned."""
         return tuple(fd for fd in (self.fd, *(fd for _, fd in self.others)) if fd >= 0)
@@ -99,6 +104,26 @@ def _pid_alive(pid: str) -> bool:
     return True
 
 
+def _refusal(subject: str, what: str, pid: str, holder_log: str, same: bool = False) -> LogDirError:
+    """The error for a folder (`subject`) that the run with `pid` and `holder_log` owns (`same`: it is that run's
+    log_path, named by the pid alone as before)."""
+    owner = "" if not holder_log or same else f", log_path {holder_log}"
+    if pid != "unknown" and not _pid_alive(pid):
+        return LogDirError(
+            f"{subject} is still in use: the services of the run whose `fleetrl up` (pid {pid}{owner}) ended are "
+            "still stopping (a trainer may be writing its checkpoint); start again once they have exited"
+        )
+    return LogDirError(
+        f"{subject} is in use by a live run (`fleetrl up`, pid {pid}{owner}): stop it first (Ctrl-C, or kill "
+        f"-TERM {pid}; then --resume continues it), or give this run another log_path"
+        + ("" if what == "run.log_path" else f" and {what}")
+    )
+
+
+def _subject(folder: Path, what: str) -> str:
+    return f"{folder}" if what == "run.log_path" else f"{what} {folder}"
+
+
 def _lock_folder(folder: Path, what: str, log_dir: Path) -> int:
     """flock `<folder>/run.lock` and write this process's pid and `log_dir` in it; the descriptor. Raises
     LogDirError naming the live run that holds it (`what`: the folder's role in this run, for the message)."""
@@ -112,19 +137,8 @@ def _lock_folder(folder: Path, what: str, log_dir: Path) -> int:
     except BlockingIOError:
         pid, holder_log = _holder(fd)
         os.close(fd)
-        same = what == "run.log_path" and Path(holder_log) == folder.resolve()  # as before: its pid says it
-        owner = "" if not holder_log or same else f", log_path {holder_log}"
-        subject = f"{folder}" if what == "run.log_path" else f"{what} {folder}"
-        if pid != "unknown" and not _pid_alive(pid):
-            raise LogDirError(
-                f"{subject} is still in use: the services of the run whose `fleetrl up` (pid {pid}{owner}) ended are "
-                "still stopping (a trainer may be writing its checkpoint); start again once they have exited"
-            ) from None
-        raise LogDirError(
-            f"{subject} is in use by a live run (`fleetrl up`, pid {pid}{owner}): stop it first (Ctrl-C, or kill "
-            f"-TERM {pid}; then --resume continues it), or give this run another log_path"
-            + ("" if what == "run.log_path" else f" and {what}")
-        ) from None
+        same = what == "run.log_path" and Path(holder_log) == folder.resolve()
+        raise _refusal(_subject(folder, what), what, pid, holder_log, same) from None
     except BaseException:
         os.close(fd)
         raise
@@ -134,6 +148,45 @@ def _lock_folder(folder: Path, what: str, log_dir: Path) -> int:
     return fd
 
 
+def _live_holder(lock_file: Path) -> tuple[str, str] | None:
+    """(pid, log_path) of the run that holds `lock_file` now, or None when none does (or there is no such file).
+    A shared probe: it never blocks a holder, and closing it releases only itself (flock is per open file)."""
+    try:
+        fd = os.open(lock_file, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _holder(fd)
+        return None
+    finally:
+        os.close(fd)
+
+
+def _check_not_inside_a_live_run(folder: Path, what: str, held: set[Path]) -> None:
+    """Refuse `folder` when it or a folder above it is owned by another live run (its `run.lock` held): e.g. the
+    output folder `<log_path>/final` of a live run, which that run has not created yet."""
+    for above in (folder.resolve(), *folder.resolve().parents):
+        lock_file = above / LOCK_FILE
+        if lock_file in held or (holder := _live_holder(lock_file)) is None:
+            continue
+        where = "" if above == folder.resolve() else f" (inside {above})"
+        raise _refusal(f"{_subject(folder, what)}{where}", what, *holder)
+
+
+def live_locks_inside(folder: Path, held: set[Path]) -> list[Path]:
+    """The `run.lock` files under `folder` (not in `held`) that another live run holds: what `--overwrite` must
+    not delete."""
+    found = []
+    for dirpath, _dirs, files in os.walk(folder):
+        lock_file = Path(dirpath).resolve() / LOCK_FILE
+        if LOCK_FILE in files and lock_file not in held and _live_holder(lock_file) is not None:
+            found.append(lock_file)
+    return found
+
+
 def lock_log_dir(log_dir: Path) -> RunLock:
     """Make this process the owner of `log_dir` for the run's life, or raise LogDirError naming the live run
     (its `fleetrl up` pid) that owns it. Creates `log_dir` if needed; call before reading or deleting anything
@@ -141,18 +194,20 @@ def lock_log_dir(log_dir: Path) -> RunLock:
     return RunLock(log_dir / LOCK_FILE, _lock_folder(log_dir, "run.log_path", log_dir))
 
 
-def lock_run_folders(log_dir: Path, folders: dict[str, Path]) -> RunLock:
-    """`lock_log_dir`, then each of the run's other folders (`folders`: its role, e.g. "the checkpoint folder
-    (--checkpoint-dir)", to its path): a folder another live run owns, as its log_path, checkpoints or export,
-    is refused naming that run. All or nothing: on a refusal the locks taken are released."""
+def lock_run_folders(log_dir: Path, folders: dict[str, Path], unlocked: dict[str, Path] | None = None) -> RunLock:
+    """`lock_log_dir`, then each of the run's other folders (`folders`: its role, e.g. "the checkpoint folder", to
+    its path), and check the folders it writes later (`unlocked`: the final export, not created before it is
+    written): a folder that another live run owns (its log_path, its checkpoints, or a folder inside them, such
+    as its export) is refused naming that run. All or nothing: on a refusal the locks taken are released."""
     lock = lock_log_dir(log_dir)
-    seen = {log_dir.resolve()}
     try:
         for what, folder in folders.items():
-            if folder.resolve() in seen:
+            if folder.resolve() in {p.parent.resolve() for p in lock.held}:
                 continue
-            seen.add(folder.resolve())
             lock.others.append((folder / LOCK_FILE, _lock_folder(folder, what, log_dir)))
+        held = lock.held
+        for what, folder in {"run.log_path": log_dir, **folders, **(unlocked or {})}.items():
+            _check_not_inside_a_live_run(folder, what, held)
     except BaseException:
         lock.release()
         raise
@@ -189,12 +244,20 @@ def _remove(path: Path) -> None:
 
 
 def prepare_log_dir(
-    log_dir: Path, *, resume: bool, overwrite: bool, checkpoint_dir: Path, output_dir: Path, journal: Path | None = None
+    log_dir: Path,
+    *,
+    resume: bool,
+    overwrite: bool,
+    checkpoint_dir: Path,
+    output_dir: Path,
+    journal: Path | None = None,
+    held: set[Path] | None = None,
 ) -> list[Path]:
     """Check `log_dir` for a new run (or a resume) and clear what must go; returns the paths removed.
 
-    Raises LogDirError: --resume with no run to resume, or a new run in a log_path that holds one without
-    --overwrite."""
+    Raises LogDirError: --resume with no run to resume, a new run in a log_path that holds one without
+    --overwrite, or an --overwrite that would delete a folder another live run owns (a `run.lock` inside it that
+    is not in `held`, this run's own)."""
     journal = journal or log_dir / JOURNAL
     if resume and overwrite:
         raise LogDirError("--resume continues the run in log_path and --overwrite deletes it: choose one")
@@ -214,6 +277,13 @@ def prepare_log_dir(
             "(deletes them and the run's logs)"
         )
     removed = [*found, *service_logs(log_dir)]
+    for path in removed:
+        if path.is_dir() and (owned := live_locks_inside(path, held or set())):
+            pid, holder_log = _live_holder(owned[0]) or ("unknown", "")
+            raise LogDirError(
+                f"--overwrite would delete {owned[0].parent}, owned by a live run (`fleetrl up`, pid {pid}, log_path "
+                f"{holder_log}): nothing was deleted; stop that run first, or give this run other folders"
+            )
     for path in removed:
         _remove(path)
     return removed

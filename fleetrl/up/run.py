@@ -121,11 +121,11 @@ def check_datasets(run: Config) -> None:
 
 
 def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -> RunLock | None:
-    """Take `log_path`, the checkpoint folder and the output folder for this run (each refused while another live
-    run owns it: `lock_run_folders`), then check them: resume the run they hold, or refuse to start over without
-    --overwrite (then delete it). Returns the lock, to hold for the run's life (`launch` hands it to the services);
-    raises LogDirError. A run that only attaches gateways to a running controller is not checked and takes no
-    lock."""
+    """Take `log_path` and the checkpoint folder for this run, and check its output folder (each refused while
+    another live run owns it or a folder above it: `lock_run_folders`), then check them: resume the run they hold
+    (its latest whole checkpoint: `check_resume_checkpoint`), or refuse to start over without --overwrite (then
+    delete it). Returns the lock, to hold for the run's life (`launch` hands it to the services); raises
+    LogDirError. A run that only attaches gateways to a running controller is not checked and takes no lock."""
     if up.controller_address is not None:
         return None
     log_dir = Path(run.log_path)
@@ -133,19 +133,39 @@ def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -
         raise LogDirError("--resume continues the run in log_path and --overwrite deletes it: choose one")
     if log_dir.exists() and not log_dir.is_dir():
         raise LogDirError(f"run.log_path: {log_dir} is a file, not a folder: name a folder for the run's files")
-    folders = run_folders(run, up)
-    lock = lock_run_folders(log_dir, folders)
+    checkpoint_dir, output_dir = run_folders(run, up)
+    lock = lock_run_folders(log_dir, dict([checkpoint_dir]), unlocked=dict([output_dir]))
     try:
-        _prepare(run, up, log_dir, *folders.values(), resume=resume, overwrite=overwrite)
+        _prepare(run, up, log_dir, checkpoint_dir[1], output_dir[1], lock, resume=resume, overwrite=overwrite)
+        if resume:
+            check_resume_checkpoint(checkpoint_dir[1])
     except BaseException:
         lock.release()
         raise
     return lock
 
 
-def run_folders(run: Config, up: UpConfig) -> dict[str, Path]:
-    """The folders besides log_path that the run writes and `--overwrite` empties, by their role: the trainer's
-    checkpoints and the final export."""
+def check_resume_checkpoint(checkpoint_dir: Path) -> None:
+    """--resume: verify the checkpoint the trainer will load (fleetrl.checkpoint_manifest.resume_checkpoint) before
+    any service starts. A damaged latest is passed over for the newest whole one, said here (the trainer does the
+    same and the controller's journal aligns to that version); none whole raises LogDirError naming the damaged
+    file."""
+    from fleetrl.checkpoint_manifest import CheckpointDamaged, resume_checkpoint
+
+    try:
+        point = resume_checkpoint(checkpoint_dir)
+    except CheckpointDamaged as exc:
+        raise LogDirError(
+            f"--resume: {exc}; nothing was started (move the damaged checkpoints aside, and --restart-weights "
+            "trains the journal's rows again from the base model)"
+        ) from None
+    if (note := point.note()) is not None:
+        print(f"fleetrl up: --resume: {note}", file=sys.stderr)
+
+
+def run_folders(run: Config, up: UpConfig) -> tuple[tuple[str, Path], tuple[str, Path]]:
+    """The folders besides log_path that the run writes and `--overwrite` empties, each with its role for messages:
+    the trainer's checkpoints and the final export."""
     log_dir = Path(run.log_path)
     checkpoint_flag = _flag_value(up.trainer_args, "--checkpoint-dir")
     output_flag = _flag_value(up.trainer_args, "--output-dir")
@@ -153,14 +173,22 @@ def run_folders(run: Config, up: UpConfig) -> dict[str, Path]:
     output_what = "the output folder" + (
         " (up.trainer_args --output-dir)" if output_flag else " (run.output_dir)" if run.output_dir else ""
     )
-    return {
-        checkpoint_what: Path(checkpoint_flag or log_dir / "checkpoints"),
-        output_what: Path(output_flag or run.output_dir or log_dir / "final"),
-    }
+    return (
+        (checkpoint_what, Path(checkpoint_flag or log_dir / "checkpoints")),
+        (output_what, Path(output_flag or run.output_dir or log_dir / "final")),
+    )
 
 
 def _prepare(
-    run: Config, up: UpConfig, log_dir: Path, checkpoint_dir: Path, output_dir: Path, *, resume: bool, overwrite: bool
+    run: Config,
+    up: UpConfig,
+    log_dir: Path,
+    checkpoint_dir: Path,
+    output_dir: Path,
+    lock: RunLock,
+    *,
+    resume: bool,
+    overwrite: bool,
 ) -> None:
     journal = _flag_value(up.controller_args, "--journal")
     removed = prepare_log_dir(
@@ -170,6 +198,7 @@ def _prepare(
         checkpoint_dir=checkpoint_dir,
         output_dir=output_dir,
         journal=Path(journal) if journal else None,
+        held=lock.held,
     )
     if overwrite and removed:
         print(f"fleetrl up: --overwrite: deleted {', '.join(str(p) for p in removed)}", file=sys.stderr)

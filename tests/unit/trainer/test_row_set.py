@@ -8,6 +8,7 @@ import random
 import pytest
 
 from fleetrl.trainer import PolicyTrainer
+from fleetrl.trainer.checkpoint import write_manifest
 from fleetrl.trainer.row_set import RowIdSet
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
 
@@ -78,6 +79,7 @@ def test_a_checkpoint_with_the_old_list_of_ids_still_resumes(tiny_model_dir, tmp
     state.pop("trained_rows")
     state["trained_row_ids"] = [0, 1, 7]
     state_file.write_text(json.dumps(state))
+    write_manifest(path)  # as that trainer would have sealed it
     resumed = PolicyTrainer(cfg)
     assert resumed.resume() and [resumed.is_trained(i) for i in (0, 1, 2, 7)] == [True, True, False, True]
     trainer.close()

@@ -165,3 +165,22 @@ def test_overwrite_empties_an_owned_folder_but_keeps_its_lock(tmp_path):
     # A folder with only its lock holds no run: a plain start is fine.
     check_log_dir(cfg, up, resume=False, overwrite=True).release()
     check_log_dir(cfg, up, resume=False, overwrite=False).release()
+
+
+def test_overwrite_never_deletes_a_folder_holding_a_live_runs_folders(tmp_path):
+    # This run's checkpoint folder is the folder that holds the live run's log_path: --overwrite would empty it.
+    live_dir = tmp_path / "runs" / "live"
+    live = start_live_run(live_dir)
+    try:
+        before = sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+        cfg = Config(base_model="m", log_path=str(tmp_path / "other"))
+        up = UpConfig.from_dict({"rollout": "m:f", "trainer_args": ["--checkpoint-dir", str(tmp_path / "runs")]}, "t")
+        with pytest.raises(LogDirError) as refused:
+            check_log_dir(cfg, up, resume=False, overwrite=True)
+        assert f"--overwrite would delete {live_dir.resolve()}" in str(refused.value)
+        assert f"pid {live.pid}" in str(refused.value) and "nothing was deleted" in str(refused.value)
+        after = sorted(str(p) for p in (tmp_path / "runs").rglob("*"))
+        assert sorted({*before, str(tmp_path / "runs" / LOCK_FILE)}) == after  # only this run's own lock file
+    finally:
+        live.kill()
+        live.wait()
