@@ -4,6 +4,7 @@ pushes that version to a fresh replica, retrains the steps the checkpoint had no
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import pytest
@@ -131,6 +132,38 @@ def test_ctrl_c_saves_the_last_step_and_resume_loses_nothing(tmp_path, tiny_mode
     ledger = Journal(run_dir / "controller.sqlite").rows()
     trained = [r for r, info in ledger.items() if info["status"] == "trained"]
     assert len(trained) == 10 and all(ledger[r]["trained_count"] == 1 for r in trained)
+
+
+def test_resume_passes_over_a_damaged_latest_checkpoint_and_retrains_from_the_one_before(tmp_path, tiny_model_dir):
+    # Issue 45: a truncated file of `latest` failed the resume inside DCP's reader (rc 1) after every service had
+    # started, with a whole checkpoint beside it. Now `fleetrl up --resume` says it takes the one before, the
+    # trainer loads it, the journal aligns to it, and the steps after it are trained again, each once.
+    config = write_run(
+        tmp_path,
+        tiny_model_dir,
+        {"max_steps": 6, "dcp_save_interval": 2, "rollout_extras": {"tool_latency_s": 0.2}},
+        {"rollout": "tests.integration.up.rollouts:make_slow_rollout_fn"},
+        n_rows=40,
+    )
+    run_dir = tmp_path / "run"
+    kill_trainer_after(config, run_dir, 4)
+    latest = latest_checkpoint(run_dir / "checkpoints")
+    assert latest is not None and latest.name in ("step-00000004", "step-00000006"), latest
+    older = int(latest.name.split("-")[1]) - 2
+    shard = next(p for p in sorted(latest.iterdir()) if p.suffix == ".distcp")
+    os.truncate(shard, shard.stat().st_size // 2)
+    resumed = fleetrl_up(config, extra=["--resume"], timeout_s=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"checkpoint {latest.name} is damaged: {shard} has" in resumed.stderr
+    assert f"resuming from step-{older:08d}, the newest whole one" in resumed.stderr
+    controller_log = (run_dir / "controller.log").read_text()
+    assert f"resumed at version {older}: every replica serves it" in controller_log
+    assert [m["step"] for m in read_metrics(run_dir)] == [1, 2, 3, 4, 5, 6]
+    ledger = Journal(run_dir / "controller.sqlite").rows()
+    trained = sorted(r for r, info in ledger.items() if info["status"] == "trained")
+    assert len(trained) == 12 and all(ledger[r]["trained_count"] == 1 for r in trained)
+    final_state = json.loads((latest_checkpoint(run_dir / "checkpoints") / STATE_FILE).read_text())
+    assert final_state["steps_done"] == 6 and _ids(final_state["trained_rows"]) == trained
 
 
 def _ids(trained_rows: dict) -> list[int]:
