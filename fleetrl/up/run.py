@@ -52,7 +52,7 @@ from fleetrl.up.inprocess_gateway import (
     remove_log_handler,
     start_gateways,
 )
-from fleetrl.up.log_dir import LogDirError, RunLock, lock_run_folders, prepare_log_dir
+from fleetrl.up.log_dir import JOURNAL, LogDirError, RunLock, lock_run_folders, prepare_log_dir, run_files
 from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
@@ -138,11 +138,28 @@ def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -
     try:
         _prepare(run, up, log_dir, checkpoint_dir[1], output_dir[1], lock, resume=resume, overwrite=overwrite)
         if resume:
+            journal = Path(_flag_value(up.controller_args, "--journal") or log_dir / JOURNAL)
+            check_resume_journal(log_dir, journal, run_files(log_dir, checkpoint_dir[1], output_dir[1]))
             check_resume_checkpoint(checkpoint_dir[1])
     except BaseException:
         lock.release()
         raise
     return lock
+
+
+def check_resume_journal(log_dir: Path, journal: Path, discard: list[Path]) -> None:
+    """--resume: refuse a damaged controller journal (fleetrl.controller.journal.check_journal) before any service
+    starts, naming what --overwrite would discard instead (`discard`: the run's files, `run_files`)."""
+    from fleetrl.controller.journal import JournalDamaged, check_journal
+
+    try:
+        check_journal(journal)
+    except JournalDamaged as exc:
+        names = ", ".join(str(p) for p in dict.fromkeys([journal, *discard]))
+        raise LogDirError(
+            f"--resume: {exc}: the run in {log_dir} cannot be resumed, nothing was started; --overwrite would "
+            f"discard {names} and the service logs"
+        ) from None
 
 
 def check_resume_checkpoint(checkpoint_dir: Path) -> None:

@@ -400,6 +400,8 @@ class Orchestrator:
             while not self.stop_requested:
                 if poller.done():
                     poller.result()  # surface a poller crash
+                if self.scheduler.journal is not None:
+                    self.scheduler.journal.raise_if_failed()  # a lock outlasted stall_timeout_s, maybe in a handler
                 step = self.scheduler.take_step()
                 if step is None:
                     if self.scheduler.finished():

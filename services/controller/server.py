@@ -89,7 +89,7 @@ def create_server(config: ControllerConfig) -> ControllerServer:
         for suffix in ("-wal", "-shm"):
             Path(str(journal_path) + suffix).unlink(missing_ok=True)
     (log_path / RUN_END).unlink(missing_ok=True)  # a live run has none: `fleetrl status` asks the controller
-    journal = Journal(journal_path)
+    journal = Journal(journal_path, give_up_s=config.stall_timeout_s)  # waits out another process's lock
     scheduler = build_scheduler(config, journal)
     members = MemberRegistry(config.heartbeat_timeout_s)
     metrics_path = Path(config.metrics_jsonl or log_path / "metrics.jsonl")
