@@ -279,12 +279,11 @@ def table(results: dict[str, list[float]], record: dict[str, tuple[float, float,
 
 def record_table(results: dict[str, list[float]], header: str, doc: Path = DOC) -> None:
     """Put this run's table first in the guard's section (older records stay below it, newest first)."""
-    rows = [f"### {header}", "", "| figure | what (lower is better) | ratio, median [min, max] |", "| --- | --- | --- |"]
+    rows = [f"### {header}", "", "| figure | what (lower is better) | ratio, median [min, max] |"]
+    rows.append("| --- | --- | --- |")
     for name, what in FIGURES.items():
         values = results[name]
-        rows.append(
-            f"| `{name}` | {what} | {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}] |"
-        )
+        rows.append(f"| `{name}` | {what} | {statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}] |")
     text = doc.read_text()
     if SECTION not in text:
         raise SystemExit(f"{doc}: no section {SECTION!r} to record into")
