@@ -288,9 +288,12 @@ def record_table(results: dict[str, list[float]], header: str, doc: Path = DOC) 
     if SECTION not in text:
         raise SystemExit(f"{doc}: no section {SECTION!r} to record into")
     head, tail = text.split(SECTION, 1)
-    intro, sep, rest = tail.partition("\n### ")
-    body = intro.rstrip("\n") + "\n\n" + "\n".join(rows) + "\n" + (("\n### " + rest) if sep else "\n")
-    doc.write_text(head + SECTION + body)
+    section, next_sep, after = tail.partition("\n## ")
+    intro, sep, older = section.partition("\n### ")
+    body = intro.rstrip("\n") + "\n\n" + "\n".join(rows) + "\n"
+    if sep:
+        body += "\n### " + older.rstrip("\n") + "\n"
+    doc.write_text(head + SECTION + body + (("\n## " + after) if next_sep else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
