@@ -96,15 +96,21 @@ def open_rows(source: str | Path, max_rows: int | None = None) -> Sequence[dict[
     return rows
 
 
-def check_rows_source(source: str | Path) -> None:
-    """A cheap look at `source` before any service starts (`fleetrl up`'s config check): a local file that is
-    missing, empty, not Parquet (by its magic bytes) or whose first row is not a JSON object raises ValueError naming
-    it. Reads only the file's start; a folder or a hub id is left to `open_rows`."""
+SCAN_BYTES = 64 << 20
+"""How much of a local JSONL dataset `check_rows_source` reads line by line at start (all of a smaller file)."""
+
+
+def check_rows_source(source: str | Path, scan_bytes: int = SCAN_BYTES) -> None:
+    """A look at `source` before any service starts (`fleetrl up`'s config check): a local file that is missing,
+    empty, not Parquet (by its magic bytes), or with a line in its first `scan_bytes` that is not a JSON object
+    raises ValueError naming the file and line; so does a folder that is empty or was not written by
+    `Dataset.save_to_disk` (or lacks the split named). A hub id is left to `open_rows`."""
     text = str(source)
     if not text:
         raise ValueError("no dataset given")
     path = Path(text)
     if path.is_dir() or (not path.exists() and Path(text.rsplit(":", 1)[0]).is_dir()):
+        _check_saved_folder(text)
         return
     if not path.exists():
         if path.suffix.lower() in (*JSON_SUFFIXES, ".parquet") or text.startswith(("/", ".", "~")):
@@ -112,6 +118,7 @@ def check_rows_source(source: str | Path) -> None:
         return  # a hub id
     if not path.is_file():
         raise ValueError(f"{text}: not a file")
+    rows = 0
     with open(path, "rb") as fh:
         head = fh.read(4)
         if path.suffix.lower() == ".parquet":
@@ -122,18 +129,46 @@ def check_rows_source(source: str | Path) -> None:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
-            if path.suffix.lower() == ".json" and line.lstrip()[:1] == b"[":
+            if rows == 0 and path.suffix.lower() == ".json" and line.lstrip()[:1] == b"[":
                 return  # one JSON document (a list of rows): open_rows reads it
             try:
                 row = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                if rows == 0 and path.suffix.lower() == ".json" and _is_one_document(path):
+                    return  # one JSON document spread over lines ({"data": [...]})
                 raise ValueError(
                     f"{text}:{lineno}: not valid JSON ({exc}): a JSONL file has one row object a line"
                 ) from None
             if not isinstance(row, dict):
                 raise ValueError(f"{text}:{lineno}: each row must be a JSON object")
-            return
-    raise ValueError(f"{text}: the dataset has no rows")
+            rows += 1
+            if fh.tell() >= scan_bytes:
+                return  # a big file: its start is checked; open_rows names a bad line found later
+    if rows == 0:
+        raise ValueError(f"{text}: the dataset has no rows")
+
+
+def _check_saved_folder(text: str) -> None:
+    """A folder source (`folder` or `folder:split`) must hold what `Dataset.save_to_disk` writes."""
+    folder_text, _, split = text.partition(":") if not Path(text).is_dir() else (text, "", "")
+    folder = Path(folder_text)
+    if not any(folder.iterdir()):
+        raise ValueError(f"{folder}: an empty folder, not a dataset (a folder written by Dataset.save_to_disk)")
+    if (folder / "dataset_dict.json").is_file():
+        try:
+            splits = json.loads((folder / "dataset_dict.json").read_text())["splits"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{folder}/dataset_dict.json: unreadable ({exc})") from None
+        if (split or "train") not in splits:
+            raise ValueError(
+                f"{folder}: no split {split or 'train'!r} (splits: {', '.join(map(str, splits))}); use {folder}:SPLIT"
+            )
+        return
+    if not (folder / "state.json").is_file():
+        raise ValueError(
+            f"{folder}: not a folder written by Dataset.save_to_disk (no state.json or dataset_dict.json); name a "
+            "JSONL or Parquet file, or save the rows with Dataset.save_to_disk"
+        )
 
 
 def _from_file(path: Path) -> Sequence[dict[str, Any]]:

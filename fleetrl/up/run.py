@@ -65,6 +65,29 @@ def user_spec(spec: str, config_dir: Path) -> str:
     return f"{module}:{attr}"
 
 
+def check_rollout(spec: str, config_dir: Path) -> None:
+    """`[up] rollout` names a callable the gateways can load: imported here before any service starts, with the run
+    config's folder and the working directory on the import path as a gateway has them (its PYTHONPATH, `python
+    -m`). Raises ConfigError naming up.rollout and what is wrong (no such module, file or attribute, an error the
+    module raised on import, not a callable), instead of a gateway failing with it after every service started."""
+    from fleetrl.user_code import load_object
+
+    added = [p for p in (str(config_dir.resolve()), os.getcwd()) if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        factory = load_object(user_spec(spec, config_dir))
+    except ValueError as exc:  # load_object's own: names the spec and what is missing
+        raise ConfigError(f"up.rollout: {exc}") from None
+    except Exception as exc:  # the user's module raised while importing (SyntaxError, ImportError, ...)
+        raise ConfigError(f"up.rollout: importing {spec!r} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        for path in added:
+            if path in sys.path:
+                sys.path.remove(path)
+    if not callable(factory):
+        raise ConfigError(f"up.rollout: {spec!r} is a {type(factory).__name__}, not a callable (the rollout factory)")
+
+
 def evaluation_needs_rows(spec: str, config_dir: Path) -> bool:
     """Whether the `[up] evaluation` hook evaluates run.eval_dataset's rows: fleetrl's `(setup, rows)` shape, or a
     hook that cannot be loaded here (its gateway says why). The current cookbook's `(step, rollout_fn)` owns its
@@ -773,6 +796,12 @@ def main(argv: list[str] | None = None) -> int:
             check_datasets(run)  # here, not in the controller once every service started
         check_group_size(run)
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
+        try:
+            check_rollout(up.rollout, args.config.parent)  # last: it runs the user's module
+        except ConfigError:
+            if lock is not None:
+                lock.release()
+            raise
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2
