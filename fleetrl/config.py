@@ -198,6 +198,11 @@ class Config(BaseModel):
         "requeue", description="A group older than O at train time: requeue it, or train it."
     )
     weight_sync_interval: int = Field(1, ge=0, description="Publish weights every N optimizer batches; 0 = never.")
+    overlap_weight_push: bool = Field(
+        True,
+        description="With O >= 1, train the next step while the last version travels to the replicas (one push in "
+        "flight, a newer version supersedes one waiting); false, or O = 0, awaits every push before the next step.",
+    )
     weight_fanout: Literal["direct", "chain", "tree"] = Field(
         "direct",
         description="How a version reaches the replicas: 'direct' (each fetches from the trainer), 'chain' (the "

@@ -18,7 +18,10 @@ class StepTimes:
     """Seconds of one step: `wait` (the trainer idle before it, waiting for rollouts), `train` (the TrainStep
     call), `weight_update` (the push to every replica), `total` (from TrainStep to the end of the push),
     `fetch` and `swap` (the slowest replica's fetch-and-verify while it kept generating, and its pause for the
-    swap) and `gate_open` (from the TrainStep reply until the gate admits rows at the new version)."""
+    swap), `gate_open` (from the TrainStep reply until the gate admits rows at the new version), `push_wait` (the
+    trainer idle waiting for a push: the whole push when pushes are serial, else only drains before an evaluation
+    or the end) and `version_serve` (publish to served by every replica, of the newest version served since the last
+    step line; None when none was)."""
 
     wait: float
     train: float
@@ -27,6 +30,8 @@ class StepTimes:
     fetch: float = 0.0
     swap: float = 0.0
     gate_open: float = 0.0
+    push_wait: float = 0.0
+    version_serve: float | None = None
 
 
 def perf_metrics(times: StepTimes, samples: float, tokens: float) -> dict[str, float]:
@@ -41,6 +46,7 @@ def perf_metrics(times: StepTimes, samples: float, tokens: float) -> dict[str, f
         "perf/weight_fetch_time": times.fetch,
         "perf/weight_swap_time": times.swap,
         "perf/gate_open_time": times.gate_open,
+        "perf/push_wait_time": times.push_wait,
         mn.SAMPLES_PER_S: samples / step_time if step_time > 0 else 0.0,
         "perf/step_tokens_per_s": tokens / step_time if step_time > 0 else 0.0,
     }
@@ -74,6 +80,8 @@ def step_line(
     line.update(reward_filter_metrics(trainer_metrics, rejected_rewards, rejected_groups))
     line[mn.PROGRESS_DONE_FRAC] = done_frac
     line.update(perf_metrics(times, trainer_metrics.get("data/samples", 0.0), trainer_metrics.get("data/tokens", 0.0)))
+    if times.version_serve is not None:
+        line["perf/version_serve_time"] = times.version_serve
     line.update(row_phases or {})
     for key, value in counters.items():
         line[f"producer/{key}"] = value

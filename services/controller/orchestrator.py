@@ -26,6 +26,7 @@ from fleetrl.controller.fleet import FORGET_AFTER_TIMEOUTS, GONE_CODE_NAMES, Loa
 from fleetrl.controller.lease_signal import LeaseSignal
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.push_plan import PushSource
+from fleetrl.controller.push_queue import PushJob, PushQueue
 from fleetrl.controller.row_phases import RowPhases
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
@@ -170,6 +171,12 @@ class Orchestrator:
         self.row_phases = RowPhases()  # accepted rows' gateway phase seconds, until their step's line
         self.told_finished: set[str] = set()  # members a reply has told that the run finished
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
+        # Pushes overlapped with training (fleetrl.controller.push_queue): with O >= 1 the next TrainStep does not
+        # wait for the last version to reach the replicas. O = 0 stays strictly serial.
+        self.overlap = bool(run.overlap_weight_push) and run.max_head_offpolicy_versions >= 1
+        self.pushes = PushQueue()
+        self._push_task: asyncio.Task[None] | None = None
+        self.push_wait_s = 0.0  # seconds the loop waited for pushes since the last step began
 
     @property
     def pushed_version(self) -> int:
@@ -402,6 +409,7 @@ class Orchestrator:
                     poller.result()  # surface a poller crash
                 if self.scheduler.journal is not None:
                     self.scheduler.journal.raise_if_failed()  # a lock outlasted stall_timeout_s, maybe in a handler
+                self._raise_if_push_failed()
                 step = self.scheduler.take_step()
                 if step is None:
                     if self.scheduler.finished():
@@ -415,6 +423,7 @@ class Orchestrator:
                     self.check_stalled()
                     continue
                 await self.train_and_publish(step)
+            await self.drain_pushes()  # every trained version on the replicas before the end (or the stop)
             if self.stop_requested:
                 raise RunStopped(f"stopped by a signal after step {self.scheduler.trained_steps}: --resume continues")
             self.check_trained()
@@ -435,6 +444,9 @@ class Orchestrator:
             self.lease_signal.notify()
             poller.cancel()
             await asyncio.gather(poller, return_exceptions=True)
+            if self._push_task is not None:
+                self._push_task.cancel()
+                await asyncio.gather(self._push_task, return_exceptions=True)
             await self._cancel_loads()
 
     def check_stalled(self) -> None:
@@ -457,6 +469,7 @@ class Orchestrator:
     async def train_and_publish(self, step: StepAssignment) -> None:
         t_start = self.clock()
         wait_time = t_start - self._last_step_end
+        push_wait, self.push_wait_s = self.push_wait_s, 0.0  # drains since the last step (evaluations)
         position = json.dumps(
             {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
         )
@@ -489,10 +502,15 @@ class Orchestrator:
         self.scheduler.step_trained(step)
         weight_update_time = 0.0
         if reply.published:
-            weight_update_time = await self.push_weights(
-                int(reply.version), reply.weights_address, int(reply.weights_bytes)
-            )
-            self.scheduler.publish(reply.version)
+            job = PushJob(int(reply.version), reply.weights_address, int(reply.weights_bytes), t_trained)
+            if self.overlap:
+                self._push_published(job)  # the next TrainStep goes out as soon as its groups are ready
+            else:
+                weight_update_time = await self.push_weights(job.version, job.source, job.nbytes)
+                push_wait += weight_update_time  # the trainer idles for the whole push
+                self.scheduler.publish(job.version)
+                self.pushes.published(job)
+                self.pushes.done(job.version, self.clock())
         elif self.run_cfg.weight_sync_interval == 0:
             # Weights are never pushed: the gate follows the trainer's versions so the run keeps moving.
             self.scheduler.publish(reply.version)
@@ -509,11 +527,63 @@ class Orchestrator:
             fetch=self.last_push_fetch_s if reply.published else 0.0,
             swap=self.last_push_swap_s if reply.published else 0.0,
             gate_open=t_end - t_trained,
+            push_wait=push_wait,
+            version_serve=max((s for _, s in self.pushes.take_served()), default=None),
         )
         self.write_metrics(step, reply, times)
         interval = self.run_cfg.evaluation_interval
         if self.evaluation and interval and step.step % interval == 0:
+            await self.drain_pushes()  # evaluate the version this step trained, not the one before it
             await self.evaluate(self.scheduler.gate.version, wait=False)
+
+    # --- overlapped pushes (fleetrl.controller.push_queue) -------------------------------------
+    def _push_published(self, job: PushJob) -> None:
+        start = self.pushes.published(job)
+        if start is not None:
+            self._start_push(start)
+        elif self.pushes.in_flight is not None:
+            log.info("version %d waits for the push of version %d", job.version, self.pushes.in_flight.version)
+
+    def _start_push(self, job: PushJob) -> None:
+        self._push_task = asyncio.create_task(self._run_push(job), name=f"push-{job.version}")
+
+    async def _run_push(self, job: PushJob) -> None:
+        """Push one version beside training; once every replica serves it the gate opens at it, and the version
+        that waited meanwhile (if any) goes next."""
+        try:
+            await self.push_weights(job.version, job.source, job.nbytes)
+        except BaseException:
+            self.pushes.failed()
+            raise
+        self.scheduler.publish(job.version)
+        self.lease_signal.notify()  # rows may be leased at the new version
+        self.wakeup.set()
+        following = self.pushes.done(job.version, self.clock())
+        if following is not None:
+            self._start_push(following)
+
+    def _raise_if_push_failed(self) -> None:
+        """Surface a push that failed beside training (RunFailed: every replica refused the weights)."""
+        task = self._push_task
+        if task is None or not task.done() or task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            raise error
+        if self._push_task is task:  # ended, and started no next push
+            self._push_task = None
+
+    async def drain_pushes(self) -> float:
+        """Wait until every published version is on the replicas (the push in flight and the one waiting). The
+        seconds waited count as the trainer's wait for pushes (`perf/push_wait_time`)."""
+        t0 = self.clock()
+        while (task := self._push_task) is not None:
+            await task  # raises what the push raised
+            if self._push_task is task:
+                self._push_task = None
+        waited = self.clock() - t0
+        self.push_wait_s += waited
+        return waited
 
     async def push_weights(self, version: int, source: str, nbytes: int = 0) -> float:
         """LoadWeights(version) on every live replica (fenced ones too: they may catch up); fence failures. The
@@ -799,6 +869,7 @@ class Orchestrator:
             tracker_failures=self.trackers.total_failures,
             row_phases=self.row_phases.take_step(step.row_ids),
         )
+        line["async/versions_superseded"] = self.pushes.superseded
         self._rejected_rewards, self._rejected_groups = [], 0
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
         self.step_sums.add(line)
