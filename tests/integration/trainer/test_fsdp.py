@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from fleetrl.rollout_group import read_groups_jsonl, write_groups_jsonl
 from fleetrl.trainer import PolicyTrainer
+from fleetrl.trainer.checkpoint import MANIFEST, CheckpointDamaged, checkpoint_path, resume_checkpoint
 from fleetrl.trainer.distributed import destroy
 from tests.integration.trainer.rank_env import end_rank, rank_context
 from tests.unit.trainer.helpers import make_cfg, tiny_groups
@@ -67,6 +68,16 @@ def test_two_ranks_match_one_rank(tiny_model_dir, tmp_path, free_port):
     assert resumed.resume() and resumed.version == 2 and resumed.state.data_position == {"cursor": 4}
     for name, value in resumed.model.state_dict().items():
         torch.testing.assert_close(value, exported[name], atol=0, rtol=0, msg=name)
+
+    # Issue 45: rank 0 seals the checkpoint once both ranks wrote: its manifest holds both ranks' shards and RNG
+    # files, and a damaged shard of rank 1 makes it untrusted (the only checkpoint: named, nothing loaded).
+    checkpoint = checkpoint_path(resumed.checkpoint_dir, 2)
+    listed = set(json.loads((checkpoint / MANIFEST).read_text())["files"])
+    assert {"rng-rank0.json", "rng-rank1.json", "__0_0.distcp", "__1_0.distcp"} <= listed, listed
+    shard = checkpoint / "__1_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    with pytest.raises(CheckpointDamaged, match=r"__1_0\.distcp"):
+        resume_checkpoint(resumed.checkpoint_dir)
 
 
 LORA_SETTINGS = {**SETTINGS, "lora_rank": 4, "kl_beta": 0.1, "learning_rate": 1e-2, "max_head_offpolicy_versions": 1}
