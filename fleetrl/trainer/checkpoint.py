@@ -14,8 +14,8 @@ state: the frozen base is the base model on disk, loaded again at resume.
 
 A checkpoint is written into `step-<version>.partial` and becomes `step-<version>` by one rename once every rank
 has written its files and rank 0 its manifest; then `<checkpoint_dir>/latest` is replaced atomically to name it.
-A crash mid-save leaves a `.partial` folder (never loaded, removed by the next save of that version) and the
-previous checkpoint as latest.
+A crash mid-save leaves a `.partial` folder (never loaded, removed by the next save) and the previous checkpoint as
+latest.
 
 A resume trusts nothing it has not checked (`resume_checkpoint`, in fleetrl.checkpoint_manifest, free of torch):
 the checkpoint `latest` names is verified against its manifest (every file there, of its size and checksum); a
@@ -176,8 +176,10 @@ def save_checkpoint(
     path = checkpoint_path(root, state.version)
     partial = path.with_name(path.name + PARTIAL)
     if ctx.is_main:
-        shutil.rmtree(partial, ignore_errors=True)  # a save of this version cut short: start it again
-        partial.mkdir(parents=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in path.parent.glob(f"step-*{PARTIAL}"):  # saves cut short (one save at a time: none is live)
+            shutil.rmtree(stale, ignore_errors=True)
+        partial.mkdir()
     barrier(ctx)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
     with _single_process_ok(ctx):

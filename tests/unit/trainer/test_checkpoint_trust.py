@@ -155,3 +155,5 @@ def test_a_trainer_killed_mid_save_resumes_from_the_checkpoint_before(tmp_path):
     assert (tmp_path / "step-00000004.partial" / ".metadata").exists()  # it died with version 4 half written
     point = resume_checkpoint(tmp_path)
     assert point.path == checkpoint_path(tmp_path, 2) and point.skipped == []
+    train_and_save(tmp_path, [3])  # the next save clears what the killed one left
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, "step-00000002", "step-00000003"]
