@@ -319,9 +319,12 @@ def create_server(config: TrainerServiceConfig, trainer: PolicyTrainer | None = 
     try:
         # A collective push's backend is chosen per push from run.collective_backend, this device and the
         # replica's (fleetrl.weights.collective_plan.choose_backend): NCCL from this GPU where both are on CUDA.
+        # Overlapped pushes (fleetrl.controller.push_queue): the version in flight, one waiting and the newest.
+        overlapped = run.overlap_weight_push and run.max_head_offpolicy_versions >= 1
         publisher = WeightPublisher(
             f"tcp://{config.host}:{config.weights_port}",
             auth_token=token,
+            keep_versions=3 if overlapped else 2,
             collective_backend=run.collective_backend,
             collective_device=config.device if config.device.startswith("cuda") else "cpu",
         )
