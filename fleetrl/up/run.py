@@ -795,13 +795,8 @@ def main(argv: list[str] | None = None) -> int:
         if up.controller_address is None:
             check_datasets(run)  # here, not in the controller once every service started
         check_group_size(run)
+        check_rollout(up.rollout, args.config.parent)  # before check_log_dir, which may delete (--overwrite)
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
-        try:
-            check_rollout(up.rollout, args.config.parent)  # last: it runs the user's module
-        except ConfigError:
-            if lock is not None:
-                lock.release()
-            raise
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
         return 2

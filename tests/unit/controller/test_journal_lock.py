@@ -156,7 +156,10 @@ def test_fleetrl_up_resume_refuses_a_damaged_journal_before_anything_starts(tmp_
     header = (log_dir / "controller.sqlite").read_bytes()
     (log_dir / "controller.sqlite").write_bytes(bytes(100) + header[100:])
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "m:f"}}))
+    (tmp_path / "rollout.py").write_text("def make(setup):\n    return None\n")
+    config.write_text(
+        json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "rollout.py:make"}})
+    )
     assert main([str(config), "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"fleetrl up: --resume: the journal {log_dir / 'controller.sqlite'}")

@@ -58,7 +58,10 @@ def test_fleetrl_up_refuses_a_used_log_path_before_starting_anything(tmp_path, c
     log_dir.mkdir()
     old_run(log_dir)
     path = tmp_path / "run.json"
-    path.write_text(json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "m:f"}}))
+    (tmp_path / "rollout.py").write_text("def make(setup):\n    return None\n")
+    path.write_text(
+        json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "rollout.py:make"}})
+    )
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert f"fleetrl up: {log_dir} holds a run" in err and "--overwrite" in err

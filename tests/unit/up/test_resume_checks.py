@@ -44,7 +44,10 @@ def test_a_resume_with_no_whole_checkpoint_is_refused_naming_the_file_before_any
     damaged = shard(checkpoint_path(checkpoints, 2))
     damaged.write_bytes(bytes(damaged.stat().st_size))  # zeroed: the same size, other bytes
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "m:f"}}))
+    (tmp_path / "rollout.py").write_text("def make(setup):\n    return None\n")
+    config.write_text(
+        json.dumps({"run": {"base_model": "m", "log_path": str(log_dir)}, "up": {"rollout": "rollout.py:make"}})
+    )
     assert main([str(config), "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("fleetrl up: --resume: no whole checkpoint in")
