@@ -59,7 +59,10 @@ class ControllerConfig(BaseModel):
         0.0, ge=0, description="Keep /metrics up this long after the run so Prometheus scrapes the final values."
     )
     stall_timeout_s: float = Field(
-        1800.0, gt=0, description="Fail the run when no row is reported and no step trained for this long (a hang)."
+        1800.0,
+        gt=0,
+        description="Fail the run when no row is reported and no step trained for this long (a hang), or when "
+        "another process holds the journal's lock this long.",
     )
     auth_token: str | None = Field(None, description="Shared token; None = $FLEETRL_AUTH_TOKEN.")
     ready_file: str | None = Field(None, description="Write the bound addresses as JSON here once serving.")

@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--heartbeat-interval", type=float, help="seconds between member heartbeats and Status polls (default 2)"
     )
-    parser.add_argument("--stall-timeout", type=float, help="seconds without a reported row or a step: fail the run")
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        help="seconds without a reported row or a step, or with the journal locked by another process: fail the run",
+    )
     parser.add_argument(
         "--max-stale-attempts", type=int, help="leases of a row that keeps coming back stale before it is dropped"
     )
