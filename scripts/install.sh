@@ -11,12 +11,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="http,agents,plot,parquet,lora,trackers"
 [ "${1:-}" = "test" ] && extras="$extras,test"
-if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null; }; then
+if [ "${1:-}" = "test" ] && { ! command -v docker-compose >/dev/null || ! command -v promtool >/dev/null || ! command -v bwrap >/dev/null; }; then
   # Debian tools the deployment tests drive for real: docker-compose (validates the compose file) and
   # Prometheus (promtool on the alert rules; a real server scraping a local stack).
   if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose prometheus >/dev/null
+    apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-compose prometheus bubblewrap >/dev/null
   else
     echo "install.sh: docker-compose/prometheus missing and apt-get unusable: the deployment tests will skip" >&2
   fi
