@@ -65,27 +65,37 @@ def user_spec(spec: str, config_dir: Path) -> str:
     return f"{module}:{attr}"
 
 
-def check_rollout(spec: str, config_dir: Path) -> None:
-    """`[up] rollout` names a callable the gateways can load: imported here before any service starts, with the run
-    config's folder and the working directory on the import path as a gateway has them (its PYTHONPATH, `python
-    -m`). Raises ConfigError naming up.rollout and what is wrong (no such module, file or attribute, an error the
-    module raised on import, not a callable), instead of a gateway failing with it after every service started."""
+def check_user_code(up: UpConfig, config_dir: Path) -> None:
+    """The user's code that `[up]` names (`rollout`, `evaluation`, `dynamic_filter`), loaded here as a gateway will
+    load it (`check_user_object`), before any service starts."""
+    check_user_object("up.rollout", user_spec(up.rollout, config_dir), config_dir)
+    if up.evaluation:
+        check_user_object("up.evaluation", user_spec(up.evaluation, config_dir), config_dir)
+    if up.dynamic_filter and up.dynamic_filter != "uniform":  # handed to the gateways as written
+        check_user_object("up.dynamic_filter", up.dynamic_filter, config_dir)
+
+
+def check_user_object(field: str, spec: str, config_dir: Path) -> None:
+    """`spec` names a callable the gateways can load: imported here, with the run config's folder and the working
+    directory on the import path as a gateway has them (its PYTHONPATH, `python -m`). Raises ConfigError naming
+    `field` and what is wrong (no such module, file or attribute, an error the module raised on import, not a
+    callable), instead of a gateway failing with it after every service started."""
     from fleetrl.user_code import load_object
 
     added = [p for p in (str(config_dir.resolve()), os.getcwd()) if p not in sys.path]
     sys.path[:0] = added
     try:
-        factory = load_object(user_spec(spec, config_dir))
+        loaded = load_object(spec)
     except ValueError as exc:  # load_object's own: names the spec and what is missing
-        raise ConfigError(f"up.rollout: {exc}") from None
+        raise ConfigError(f"{field}: {exc}") from None
     except Exception as exc:  # the user's module raised while importing (SyntaxError, ImportError, ...)
-        raise ConfigError(f"up.rollout: importing {spec!r} failed: {type(exc).__name__}: {exc}") from None
+        raise ConfigError(f"{field}: importing {spec!r} failed: {type(exc).__name__}: {exc}") from None
     finally:
         for path in added:
             if path in sys.path:
                 sys.path.remove(path)
-    if not callable(factory):
-        raise ConfigError(f"up.rollout: {spec!r} is a {type(factory).__name__}, not a callable (the rollout factory)")
+    if not callable(loaded):
+        raise ConfigError(f"{field}: {spec!r} is a {type(loaded).__name__}, not a callable")
 
 
 def evaluation_needs_rows(spec: str, config_dir: Path) -> bool:
@@ -795,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
         if up.controller_address is None:
             check_datasets(run)  # here, not in the controller once every service started
         check_group_size(run)
-        check_rollout(up.rollout, args.config.parent)  # before check_log_dir, which may delete (--overwrite)
+        check_user_code(up, args.config.parent)  # before check_log_dir, which may delete (--overwrite)
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)

@@ -149,3 +149,19 @@ def test_a_rollout_module_beside_the_config_is_found_as_the_gateways_find_it(tmp
     config = write_config(tmp_path, rollout="my_rollouts_45:make")
     monkeypatch.setattr(up_run, "launch", lambda *a, **k: 0)
     assert up_run.main([str(config)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field", ["evaluation", "dynamic_filter"])
+def test_a_bad_evaluation_hook_or_filter_fails_the_config_check(tmp_path, capsys, monkeypatch, field):
+    config = write_config(tmp_path, eval_dataset=str(tmp_path / "rows.jsonl"))
+    data = json.loads(config.read_text())
+    (tmp_path / f"hooks_45_{field}.py").write_text("def hook(*args):\n    return True\n")
+    data["up"][field] = f"hooks_45_{field}:no_such_hook"  # a module beside the config, as the gateways import it
+    config.write_text(json.dumps(data))
+    monkeypatch.setattr(up_run, "launch", lambda *a, **k: pytest.fail("services were started"))
+    assert up_run.main([str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert (
+        err.startswith(f"fleetrl up: up.{field}:")
+        and f"module 'hooks_45_{field}' has no attribute 'no_such_hook'" in err
+    )
