@@ -61,9 +61,12 @@ def _is_busy(exc: sqlite3.OperationalError) -> bool:
 
 def check_journal(path: str | Path) -> None:
     """Raise JournalDamaged (naming `path` and SQLite's reason) unless `path` is a sound journal: a SQLite
-    database that passes `PRAGMA quick_check` and holds the journal's tables. Changes nothing in it."""
+    database that passes `PRAGMA quick_check` and holds the journal's tables. Reads only (a crashed controller's
+    WAL is recovered as the controller would recover it); a journal another process has locked is not judged."""
+    if not Path(path).is_file():
+        raise JournalDamaged(f"the journal {path} is missing")
     try:
-        db = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True, timeout=5.0)
+        db = sqlite3.connect(str(path), timeout=5.0)
     except sqlite3.Error as exc:
         raise JournalDamaged(f"the journal {path} cannot be opened ({exc})") from None
     try:
@@ -73,6 +76,10 @@ def check_journal(path: str | Path) -> None:
         tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         if not {"state", "rows"} <= tables:
             raise JournalDamaged(f"the journal {path} is a SQLite database without the journal's tables")
+    except sqlite3.OperationalError as exc:
+        if not _is_busy(exc):
+            raise JournalDamaged(f"the journal {path} is damaged ({exc})") from None
+        # Locked by another process: not damaged as far as we know; the controller waits the lock out.
     except sqlite3.DatabaseError as exc:
         raise JournalDamaged(f"the journal {path} is damaged ({exc})") from None
     finally:

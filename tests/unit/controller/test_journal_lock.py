@@ -136,6 +136,20 @@ def test_a_damaged_journal_is_refused_in_one_line_naming_it(tmp_path, damage):
     assert str(path) in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_a_sound_journal_is_not_refused_while_locked_or_after_a_crash_mid_transaction(tmp_path):
+    path = tmp_path / "controller.sqlite"
+    journal = Journal(path)
+    journal.set_state("version", 1)
+    journal.commit()
+    holder = LockHolder(path)  # an admin's shell holding the lock: the controller will wait it out
+    try:
+        check_journal(path)
+    finally:
+        holder.kill()  # killed mid-transaction, as a crashed controller leaves its WAL
+    check_journal(path)
+    assert Journal(path).state() == {"version": 1}
+
+
 def test_journal_opening_a_file_that_is_not_a_database_says_so(tmp_path):
     path = tmp_path / "controller.sqlite"
     path.write_bytes(b"not a database at all" * 100)
