@@ -46,6 +46,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import weakref
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,6 +60,9 @@ KILL_WAIT_S = 10.0  # after a kill, how long to wait for the processes and pipes
 _ROOT_UID_RANGE = (1_000_000_000, 1_100_000_000)  # unused uids the code runs as when fleetrl runs as root
 _FALLBACK_UID = 65534  # nobody, where the uid range is not mapped (a container with a narrow uid map)
 _LAUNCH_ERROR = 125
+# The code's interpreter: no PYTHON* variables, no user or site packages (the standard library only), no .pyc files;
+# not -I, which would keep main.py's folder (and the files beside it) off sys.path.
+_CODE_FLAGS = ("-E", "-s", "-S", "-B")
 _NAME_OK = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 # Runs inside the sandbox before the code: limits, then (as root) another uid, then exec. Its argument is a JSON spec.
@@ -126,7 +130,7 @@ class SandboxResult:
 
 
 _backend: Isolation | None = None
-_backend_lock: asyncio.Lock | None = None
+_probe_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 def _bwrap_path() -> str | None:
@@ -136,16 +140,15 @@ def _bwrap_path() -> str | None:
 async def sandbox_backend(isolation: str | None = None, *, refresh: bool = False) -> Isolation:
     """The backend `run_sandboxed` uses: `isolation` (or `FLEETRL_SANDBOX`): "bwrap", "process" or "auto" (bwrap
     where it runs here, probed once per process with a log line saying which and what it isolates)."""
-    global _backend, _backend_lock
+    global _backend
     choice = (isolation if isolation is not None else os.environ.get(SANDBOX_ENV, "")).strip() or "auto"
     if choice not in ("auto", "bwrap", "process"):
         source = "isolation" if isolation is not None else SANDBOX_ENV
         raise ValueError(f"{source}: {choice!r} is not a sandbox backend; use 'auto', 'bwrap' or 'process'")
     if choice == "process":
         return "process"
-    if _backend_lock is None:
-        _backend_lock = asyncio.Lock()
-    async with _backend_lock:
+    lock = _probe_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())  # one probe at a time per loop
+    async with lock:
         if _backend is None or refresh:
             problem = await _probe_bwrap()
             _backend = "bwrap" if problem is None else "process"
@@ -364,24 +367,27 @@ async def _run(
             fds += file_fds.values()
             info_read, info_write = os.pipe()
             fds.append(info_write)
-            argv = [interpreter, "-I", "-S", "-B", f"{SANDBOX_DIR}/main.py", *args]
+            argv = [interpreter, *_CODE_FLAGS, f"{SANDBOX_DIR}/main.py", *args]
             spec = _launcher_spec(argv, _base_env(SANDBOX_DIR, env), SANDBOX_DIR, limits, relative=False)
             cmd = _bwrap_command(interpreter, prefix, spec, file_fds, info_write, limits.scratch_mb)
         else:
-            scratch = tempfile.mkdtemp(prefix="fleetrl-sandbox-")
+            scratch = tempfile.mkdtemp(prefix="fleetrl-sandbox-")  # 0700: as root, '..' is out of reach too
+            work = os.path.join(scratch, "work")
+            os.mkdir(work)
             for name, content in files.items():
-                with open(os.path.join(scratch, name), "wb") as f:
+                with open(os.path.join(work, name), "wb") as f:
                     f.write(content.encode() if isinstance(content, str) else content)
             spec = _launcher_spec(
-                [interpreter, "-I", "-S", "-B", os.path.join(scratch, "main.py"), *args],
-                _base_env(scratch, env),
-                scratch,
+                [interpreter, *_CODE_FLAGS, os.path.join(work, "main.py"), *args],
+                _base_env(work, env),
+                work,
                 limits,
                 relative=True,
             )
             uid = json.loads(spec)["uid"]
             if uid is not None:  # the unused uid owns its directory, and nothing else
-                for path in [scratch, *(os.path.join(scratch, n) for n in files)]:
+                os.chmod(scratch, 0o711)  # it may pass through to work/, not list or write here
+                for path in [work, *(os.path.join(work, n) for n in files)]:
                     os.chown(path, uid, uid)
             cmd = [interpreter, "-I", "-S", "-c", _LAUNCHER, spec]
         proc = await asyncio.create_subprocess_exec(
@@ -389,7 +395,7 @@ async def _run(
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            env=_base_env(scratch or SANDBOX_DIR, {}) if backend == "process" else {"PATH": "/usr/bin:/bin"},
+            env=_base_env(scratch, {}) if scratch is not None else {"PATH": "/usr/bin:/bin"},
             start_new_session=True,
             pass_fds=tuple(fds),
         )
