@@ -21,6 +21,7 @@ The rollout function may declare the cookbook's context keyword arguments (`ROLL
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 from collections.abc import Awaitable, Callable
@@ -215,8 +216,11 @@ class RolloutSetup:
         max_seq_len: the longest trajectory the trainer takes; longer samples are dropped and counted.
         model: the model name an OpenAI-SDK agent passes (the cookbook's `model`).
         tokenizer_id: the run's tokenizer path or hub id (the cookbook's `tokenizer_id`).
-        inference_base_url, api_key: the gateway's OpenAI endpoint and its key (the cookbook's fields), set once
-            the session server runs (after the first `open_session()`); calls there are served, not recorded.
+        inference_base_url, api_key: the gateway's OpenAI endpoint and its key (the cookbook's fields), set from the
+            start when the setup is made on a running event loop (every gateway and `fleetrl eval` make it so; the
+            port is bound then, the server starts at the first call), else at the first `open_session()`. Calls
+            there are served, not recorded; each reply carries its exact prompt and completion token ids, logprobs
+            and versions, so a rollout that builds its sample from them trains exactly what was generated.
         sessions: the agent session server (fleetrl.gateway.session_server), filled by the gateway.
         judge_sampler, judge_base_url, judge_model, judge_api_key: the judge pool ([up] judge_model: frozen inference
             replicas of another model, never sent weights) as a sampler with this interface and as an OpenAI
@@ -269,6 +273,13 @@ class RolloutSetup:
             sample_kwargs=dict(run.sample_kwargs),
             max_seq_len=max_seq_len,
         )
+        base_url = api_key = None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop to serve on (a synchronous caller): set at the first open_session()
+            pass
+        else:  # the cookbook's rollouts read these before (or without) opening a session
+            base_url, api_key = sessions.listen(), sessions.api_key
         return cls(
             tokenizer=tokenizer,
             sampler=sampler,
@@ -278,6 +289,8 @@ class RolloutSetup:
             max_seq_len=max_seq_len,
             model=SESSION_MODEL_NAME,
             tokenizer_id=tokenizer_id,
+            inference_base_url=base_url,
+            api_key=api_key,
             sessions=sessions,
         )
 

@@ -30,7 +30,9 @@ prompt + completion fit `max_seq_len`. `stop` strings, `tools`, `tool_choice` ("
 
 The routes (bearer token = the session's api_key): POST /sessions/{id}/v1/chat/completions,
 GET /sessions/{id}/v1/models, and POST /v1/chat/completions, GET /v1/models (`RolloutSetup.inference_base_url`:
-served the same way, recorded nowhere).
+served the same way, recorded nowhere; each reply carries the exact prompt and completion token ids, logprobs and
+versions). `listen()` binds the port before any session opens, so that URL is known from the start (the gateway's
+`RolloutSetup.for_run` calls it); the server starts serving at the first connection.
 """
 
 from __future__ import annotations
@@ -116,6 +118,11 @@ def session_port(port: int | None = None) -> int:
     return port
 
 
+def _log_start_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the agent session server did not start: %s", task.exception())
+
+
 class SessionServer:
     """Per-sample OpenAI endpoints over a `Sampler` (see the module docstring)."""
 
@@ -146,6 +153,9 @@ class SessionServer:
         # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept).
         self.sessions: weakref.WeakValueDictionary[str, AgentSession] = weakref.WeakValueDictionary()
         self.port: int | None = None
+        self._sock: socket.socket | None = None  # bound and listening before the server serves (listen())
+        self._watched: asyncio.AbstractEventLoop | None = None
+        self._lazy_start: asyncio.Task[None] | None = None
         self._server: Any = None
         self._task: asyncio.Task[Any] | None = None
         self._starting = asyncio.Lock()
@@ -187,8 +197,41 @@ class SessionServer:
         """Drop a finished session's record (its endpoint then answers 404)."""
         self.sessions.pop(session.session_id, None)
 
+    def listen(self) -> str:
+        """Bind the port now, so `base_url` is known (and given to rollouts as `RolloutSetup.inference_base_url`)
+        before any session opens; the server itself starts at the first connection (or `open()` / `start()`).
+        Called on the running event loop (the one that will serve); a connection made before the server runs waits
+        in the socket's backlog. Returns `base_url`."""
+        if self._sock is None and self._task is None:
+            loop = asyncio.get_running_loop()
+            self._sock = self._bind()
+            loop.add_reader(self._sock.fileno(), self._first_connection)
+            self._watched = loop
+        return self.base_url
+
+    def _bind(self) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted gateway rebinds a fixed port
+        sock.bind((self.host, self.bind_port))
+        sock.listen(128)
+        self.port = int(sock.getsockname()[1])
+        return sock
+
+    def _unwatch(self) -> None:
+        if self._watched is not None and self._sock is not None:
+            self._watched.remove_reader(self._sock.fileno())
+        self._watched = None
+
+    def _first_connection(self) -> None:
+        """A client connected to the listening port: start serving (once)."""
+        self._unwatch()
+        if self._lazy_start is None:
+            self._lazy_start = asyncio.get_running_loop().create_task(self.start(), name="agent-session-start")
+            self._lazy_start.add_done_callback(_log_start_failure)
+
     async def start(self) -> None:
-        """Bind and serve (idempotent)."""
+        """Bind (unless `listen()` did) and serve (idempotent)."""
         async with self._starting:
             if self._task is not None:
                 return
@@ -204,11 +247,9 @@ class SessionServer:
                 def capture_signals(self):  # the service owns SIGINT/SIGTERM, not uvicorn
                     return contextlib.nullcontext()
 
-            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-            sock = socket.socket(family, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restarted gateway rebinds a fixed port
-            sock.bind((self.host, self.bind_port))
-            self.port = int(sock.getsockname()[1])
+            self._unwatch()
+            sock = self._sock if self._sock is not None else self._bind()
+            self._sock = None  # the server's now
             config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
             self._server = _Server(config)
             self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-session-server")
@@ -224,6 +265,13 @@ class SessionServer:
             log.info("agent session server on %s:%d (URLs name %s)", self.host, self.port, self.advertise_host)
 
     async def close(self, timeout_s: float = 5.0) -> None:
+        self._unwatch()
+        if self._lazy_start is not None and not self._lazy_start.done():
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(self._lazy_start), timeout_s)
+        if self._sock is not None:  # listened, never served
+            self._sock.close()
+            self._sock = None
         if self._task is None:
             return
         self._server.should_exit = True

@@ -14,10 +14,12 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from fleetrl import Config, RolloutSetup
+from fleetrl import Config, RolloutSample, RolloutSetup
+from fleetrl.gateway.config import GatewayConfig
 from fleetrl.gateway.sampler import SampledCompletion
 from fleetrl.gateway.sampling_seed import RolloutKey, derive_seed, next_rollout_seed, rollout_seed_scope
 from fleetrl.gateway.session_server import SessionServer, session_hosts
+from fleetrl.gateway.worker import Gateway
 
 TOOLS = [
     {
@@ -292,15 +294,74 @@ async def test_the_runs_setup_carries_the_cookbooks_endpoint_fields_and_opens_se
     run = Config(base_model=tiny_model_dir, dataset="unused", max_completion_tokens=5)
     setup = RolloutSetup.for_run(run, tokenizer, ScriptedSampler(tokenizer, ["unrecorded"]))
     assert (setup.model, setup.tokenizer_id) == ("policy", tiny_model_dir)
-    assert setup.inference_base_url is None and setup.api_key is None  # until the server runs
     try:
+        base_url, api_key = setup.inference_base_url, setup.api_key  # from the start, before any session
+        assert base_url.endswith("/v1") and api_key.startswith("fleetrl-session-")
         session = await setup.open_session()
-        assert setup.inference_base_url.endswith("/v1") and setup.api_key == session.api_key
+        assert (setup.inference_base_url, setup.api_key) == (base_url, api_key) and session.api_key == api_key
         assert session.base_url.startswith(setup.inference_base_url.removesuffix("/v1") + "/sessions/")
         async with openai.AsyncOpenAI(base_url=setup.inference_base_url, api_key=setup.api_key, max_retries=0) as c:
             reply = await c.chat.completions.create(model=setup.model, messages=[{"role": "user", "content": "x"}])
         assert reply.choices[0].message.content == "unrecorded" and session.turns == []  # served, recorded nowhere
         assert setup.sessions.sampler.calls[0][1]["max_tokens"] == 5  # the run's max_completion_tokens
+    finally:
+        await setup.sessions.close()
+
+
+def make_cookbook_rollout_fn(setup: RolloutSetup):
+    """A cookbook rollout in the shape of its examples/rl/eval_protocol_chat/rollout.py: it reads
+    `setup.inference_base_url` (in the factory and per row) and never opens a session; its agent calls that
+    endpoint with logprobs, and the sample is built from the token ids and logprobs the replies carry."""
+    assert setup.inference_base_url is not None, "the cookbook's factory reads it before any rollout"
+
+    async def rollout_fn(row: dict) -> RolloutSample | None:
+        params = {"model": setup.model, "base_url": setup.inference_base_url, "logprobs": True}
+        async with openai.AsyncOpenAI(base_url=params["base_url"], api_key=setup.api_key, max_retries=0) as client:
+            reply = await client.chat.completions.create(
+                model=params["model"], messages=row["messages"], logprobs=params["logprobs"]
+            )
+        choice = reply.choices[0].model_dump()
+        prompt, completion = choice["prompt_token_ids"], choice["token_ids"]
+        return RolloutSample(
+            tokens=prompt + completion,
+            logprobs=[0.0] * len(prompt) + choice["token_logprobs"],
+            loss_mask=[0] * len(prompt) + [1] * len(completion),
+            reward=float(choice["message"]["content"] == row["answer"]),
+        )
+
+    return rollout_fn
+
+
+async def test_a_cookbook_rollout_that_reads_the_setup_url_trains_exactly_what_was_generated(tokenizer, tiny_model_dir):
+    run = Config(base_model=tiny_model_dir, dataset="unused", max_completion_tokens=8)
+    sampler = ScriptedSampler(tokenizer, ["4", "5"])
+    gateway = Gateway(
+        GatewayConfig(run=run, rollout="unused:unused"),
+        rollout_factory=make_cookbook_rollout_fn,
+        tokenizer=tokenizer,
+        sampler=sampler,
+    )
+    setup = await gateway.prepare_rollouts()
+    try:
+        row = {"messages": [{"role": "user", "content": "2+2="}], "answer": "4"}
+        right, wrong = [await gateway.rollout_fn(row) for _ in range(2)]
+    finally:
+        await setup.sessions.close()
+    for sample, (prompt, _), text in zip((right, wrong), sampler.calls, ["4", "5"], strict=True):
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        generated = [*tokenizer.encode(text, add_special_tokens=False), end]
+        assert sample.tokens == prompt + generated  # the replica's ids, not a re-tokenisation of the reply's text
+        assert sample.logprobs[len(prompt) :] == [-0.1 * (i + 1) for i in range(len(generated))]
+    assert (right.reward, wrong.reward) == (1.0, 0.0)
+
+
+async def test_a_setup_made_without_a_running_loop_fills_the_url_at_the_first_session(tokenizer, tiny_model_dir):
+    run = Config(base_model=tiny_model_dir, dataset="unused")
+    setup = await asyncio.to_thread(RolloutSetup.for_run, run, tokenizer, ScriptedSampler(tokenizer, []))
+    assert setup.inference_base_url is None  # nothing to serve on in that thread: nothing bound
+    try:
+        await setup.open_session()
+        assert setup.inference_base_url.endswith("/v1")
     finally:
         await setup.sessions.close()
     with pytest.raises(RuntimeError, match="open_session: this RolloutSetup has no session server"):
