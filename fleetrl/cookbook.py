@@ -21,12 +21,16 @@ field and why. `cookbook_config(...)` (also `fleetrl.cookbook.Config`) is a `Con
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
     from fleetrl.config import Config as FleetConfig
+
+log = logging.getLogger(__name__)
+_warned_stale_policy = False  # the admission-only warning is said once per process
 
 
 class DeployConfig(BaseModel):
@@ -260,7 +264,26 @@ def cookbook_config(**fields: Any) -> FleetConfig:
         data["lora_alpha"] = 32
     if data.get("eps_clip") is not None and "eps_clip_high" not in fields:
         data["eps_clip_high"] = data["eps_clip"]  # the cookbook's None upper clip is eps_clip (fleetrl's: the loss's)
-    return FleetConfig(**data)
+    cfg = FleetConfig(**data)
+    if "stale_policy" not in fields and cfg.stale_policy == "train":
+        _warn_admission_only(cfg.max_head_offpolicy_versions)
+    return cfg
+
+
+def _warn_admission_only(max_offpolicy: int) -> None:
+    """Said once per process: the cookbook's default turns off fleetrl's per-sample staleness bound."""
+    global _warned_stale_policy
+    if _warned_stale_policy:
+        return
+    _warned_stale_policy = True
+    log.warning(
+        "fleetrl.cookbook.Config: stale_policy = 'train' (the cookbook's default) bounds staleness only when a row "
+        "is admitted, so a group that waits can train more than max_head_offpolicy_versions (%d) versions behind "
+        "the policy. stale_policy = 'requeue' (fleetrl's default) bounds every trained sample to that many versions "
+        "(a group that got older is sampled again); pass stale_policy='train' to keep the cookbook's behaviour "
+        "without this warning",
+        max_offpolicy,
+    )
 
 
 Config = cookbook_config
