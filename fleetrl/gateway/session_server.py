@@ -118,6 +118,12 @@ def session_port(port: int | None = None) -> int:
     return port
 
 
+def _first_connection(server_ref: weakref.ref[SessionServer]) -> None:
+    server = server_ref()
+    if server is not None:
+        server._first_connection()
+
+
 def _log_start_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("the agent session server did not start: %s", task.exception())
@@ -205,7 +211,8 @@ class SessionServer:
         if self._sock is None and self._task is None:
             loop = asyncio.get_running_loop()
             self._sock = self._bind()
-            loop.add_reader(self._sock.fileno(), self._first_connection)
+            # Held weakly: a setup dropped without close() (a test's) closes its socket as it goes (__del__).
+            loop.add_reader(self._sock.fileno(), _first_connection, weakref.ref(self))
             self._watched = loop
         return self.base_url
 
@@ -222,6 +229,10 @@ class SessionServer:
         if self._watched is not None and self._sock is not None:
             self._watched.remove_reader(self._sock.fileno())
         self._watched = None
+
+    def __del__(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
 
     def _first_connection(self) -> None:
         """A client connected to the listening port: start serving (once)."""
