@@ -2,6 +2,7 @@
 
     python bench/trainer_packing.py throughput [--vocab 16384] [--rounds 3] [--json out.json]
     python bench/trainer_packing.py memory [--vocab 151936] [--json out.json]
+    python bench/trainer_packing.py paths [--rounds 7] [--threads 1] [--json out.json]
 
 `throughput`: one step of 16 samples whose lengths are long-tailed as RL completions are (one of 4096 tokens, a
 few of 256-1536, most of 32-128: 7,696 trained positions), trained by
@@ -20,11 +21,22 @@ row order, so padded micro-batches of 4 pad each group to its longest (17,984 po
 - full logprobs: micro-batches of 4,096 tokens, full logits (logprob_chunk_tokens = 0);
 - chunked logprobs: the same micro-batches, 1,024 positions at a time;
 and, for scale, what the old default (the rank's whole share in one padded forward) would allocate for its logits.
+
+`paths`: which row layout and packed-attention path is fastest on this device, per micro-batch shape: one
+forward/backward (`InnerLoop.accumulate_gradients`, the trainer's own code) of one micro-batch through padded rows
+(one causal sdpa call over [B, T]), and through a packed row with each of `varlen_sdpa`'s paths (one sdpa call per
+sample, one per length bucket, one under a block-diagonal mask), plus the trainer's automatic choice. Shapes: the
+main job's (128 samples of 7-15 tokens on the arithmetic model: hidden 128, 4 layers, vocabulary 512), the
+long-tailed 16 samples above and 4 x 1024 tokens, on the same model. Arms interleaved, `--rounds` rounds after a
+warm-up, median wall and process CPU seconds; sdpa calls per forward and backward are counted. The rule in
+fleetrl.trainer.varlen_attention.choose_packed_attention and fleetrl.trainer.inner_loop.choose_rows comes from
+these numbers (docs/trainer.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -46,14 +58,14 @@ ARMS = {
 }
 
 
-def build_model(out: Path, *, vocab: int, hidden: int, layers: int) -> str:
+def build_model(out: Path, *, vocab: int, hidden: int, layers: int, intermediate: int | None = None) -> str:
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=4 * hidden,
+        intermediate_size=intermediate or 4 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -184,12 +196,106 @@ def memory(args: argparse.Namespace) -> dict:
     return results
 
 
+PATH_SHAPES = {
+    "main job: 128 x 7-15": None,  # filled by paths(): seeded random lengths
+    "long tail: 16 samples, 32-4096": LONG_TAIL,
+    "4 x 1024": [1024] * 4,
+}
+PATH_ARMS = ("padded", "sample_loop", "bucketed_sdpa", "block_mask_sdpa", "auto")
+
+
+def _count_sdpa() -> tuple[list[int], object]:
+    """Wrap torch's sdpa to count its calls; returns the counter and the original to restore."""
+    import torch.nn.functional as F
+
+    calls, original = [0], F.scaled_dot_product_attention
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return original(*a, **k)
+
+    F.scaled_dot_product_attention = counted
+    return calls, original
+
+
+def paths(args: argparse.Namespace) -> dict:
+    import random
+
+    import torch
+    import torch.nn.functional as F
+
+    from fleetrl.trainer import varlen_attention as va
+    from fleetrl.trainer.datum import Datum
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    shapes = dict(PATH_SHAPES)
+    shapes["main job: 128 x 7-15"] = [rng.randint(7, 15) for _ in range(128)]
+    work = Path(tempfile.mkdtemp(prefix="fleetrl-paths-"))
+    model_dir = build_model(work / "model", vocab=512, hidden=128, layers=4, intermediate=256)
+    results: dict = {"threads": args.threads, "shapes": {}}
+    calls, original = _count_sdpa()
+    try:
+        for label, lengths in shapes.items():
+            datums = [
+                Datum(
+                    [rng.randrange(512) for _ in range(n)],
+                    [rng.randrange(512) for _ in range(n)],
+                    [0] * (n // 3) + [1] * (n - n // 3),
+                    [-1.0] * n,
+                )
+                for n in lengths
+            ]
+            advantages = torch.tensor([float(i % 2) - 0.5 for i in range(len(datums))])
+            trainers = {
+                arm: make_trainer(model_dir, str(work / arm), "padded" if arm == "padded" else "packed")
+                for arm in PATH_ARMS
+            }
+            for trainer in trainers.values():
+                trainer.loop.micro_batch_tokens = None  # the whole shape is one micro-batch
+            times: dict[str, list[float]] = {arm: [] for arm in trainers}
+            cpu: dict[str, list[float]] = {arm: [] for arm in trainers}
+            sdpa_calls: dict[str, int] = {}
+            for round_ in range(args.rounds + 1):
+                for arm, trainer in trainers.items():
+                    forced = va.forced_path(arm) if arm in va.PACKED_PATHS else contextlib.nullcontext()
+                    calls[0] = 0
+                    with forced:
+                        started, cpu_started = time.perf_counter(), time.process_time()
+                        trainer.loop.accumulate_gradients(datums, advantages, list(range(len(datums))))
+                        wall, used = time.perf_counter() - started, time.process_time() - cpu_started
+                    trainer.model.zero_grad(set_to_none=True)
+                    sdpa_calls[arm] = calls[0]
+                    if round_:
+                        times[arm].append(wall)
+                        cpu[arm].append(used)
+            row = {arm: statistics.median(t) for arm, t in times.items()}
+            row_cpu = {arm: statistics.median(t) for arm, t in cpu.items()}
+            results["shapes"][label] = {
+                "tokens": sum(lengths),
+                "padded_positions": len(lengths) * max(lengths),
+                "fwd_bwd_s": row,
+                "fwd_bwd_cpu_s": row_cpu,
+                "sdpa_calls_fwd_bwd": sdpa_calls,
+            }
+            cells = ", ".join(
+                f"{arm} {row[arm] * 1e3:.1f} ms wall, {row_cpu[arm] * 1e3:.1f} ms CPU ({sdpa_calls[arm]} sdpa)"
+                for arm in row
+            )
+            print(f"{label}: {cells}", flush=True)
+    finally:
+        F.scaled_dot_product_attention = original
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=["throughput", "memory", "_memory_child"])
+    parser.add_argument("mode", choices=["throughput", "memory", "paths", "_memory_child"])
     parser.add_argument("--vocab", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (paths; fleetrl up's trainer on 2 cores)")
     parser.add_argument("--arm")
     parser.add_argument("--model-dir")
     parser.add_argument("--workdir")
@@ -199,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.vocab is None:
         args.vocab = 16384 if args.mode == "throughput" else 151936
-    result = throughput(args) if args.mode == "throughput" else memory(args)
+    modes = {"throughput": throughput, "memory": memory, "paths": paths}
+    result = modes[args.mode](args)
     result["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
     print(json.dumps(result, indent=2))
     if args.json:

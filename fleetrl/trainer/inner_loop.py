@@ -15,6 +15,7 @@ training forward (FSDP's collectives need every rank in step): the base model wi
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,7 +40,9 @@ from fleetrl.trainer.minibatches import (
     token_micro_batches,
 )
 from fleetrl.trainer.model import target_logprobs
-from fleetrl.trainer.varlen_attention import use_packed_attention
+from fleetrl.trainer.varlen_attention import VARLEN_SDPA, describe_choice, use_packed_attention
+
+logger = logging.getLogger(__name__)
 
 REF_WAIT_TIMEOUT_S = 1800.0  # the reference client has its own deadline; this bounds the wait whatever it does
 AUTO_CHECKPOINT_TOKENS = 4096
@@ -138,9 +141,24 @@ class InnerLoop:
             for m in (model, reference_model):
                 if m is not None:
                     self.attention = use_packed_attention(m, device)
+        logger.info(
+            "trainer rows on %s: %s",
+            device.type,
+            self.describe_rows(param_dtype if self.autocast_dtype is None else self.autocast_dtype),
+        )
         self.optimizer_steps = 0
         self.timers: dict[str, float] = {}
         """Seconds spent per phase since the last reset (fwd_bwd, optim, old_logprobs, ref_wait)."""
+
+    def describe_rows(self, dtype: torch.dtype) -> str:
+        """The row layout and attention path this loop trains with, in words (logged once at start). Packed rows
+        are never slower than padded ones once a packed row's attention is one call per length bucket on CPU
+        (bench/trainer_packing.py paths; docs/trainer.md, which path runs on which device)."""
+        if not self.packing:
+            return "padded rows (packing = false): one causal sdpa call over [B, T] per layer"
+        if self.attention != VARLEN_SDPA:
+            return f"packed rows, attention {self.attention}"
+        return f"packed rows, attention {describe_choice(dtype, self.device)}"
 
     def _loss_settings(self, width: int) -> Any:
         settings = resolve_loss_settings(self.loss_name, self.cfg)

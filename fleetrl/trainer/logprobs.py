@@ -129,11 +129,15 @@ class _Head:
             raise ValueError(f"chunked head: {hidden_NH.shape[0]} positions for {self.targets_N.shape[0]} targets")
         weight, bias = self.linear.weight, getattr(self.linear, "bias", None)
         grad = torch.is_grad_enabled() and (hidden_NH.requires_grad or weight.requires_grad)
+        # A row of one chunk keeps its logits for backward instead of recomputing them: the head's backward runs
+        # first, while every layer's activations are still alive, so the peak is the same either way, and the
+        # recomputation cost ~5 % of a CPU step of the main job (bench/trainer_packing.py paths).
+        recompute = grad and hidden_NH.shape[0] > self.chunk
         out, ent = [], []
         for start in range(0, hidden_NH.shape[0], self.chunk):
             part = slice(start, start + self.chunk)
             args = (hidden_NH[part], weight, bias, self.targets_N[part], self.temperature, self.entropy)
-            if grad:
+            if recompute:  # several chunks: each one's logits are recomputed in backward, never all alive at once
                 lp, h = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
             else:
                 lp, h = _chunk_logprobs(*args)

@@ -21,10 +21,14 @@ a host sync per layer; the bounds now come from the host.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import inspect
 import itertools
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,7 +60,8 @@ def varlen_sdpa(
     length = query.shape[2]
     if cu_seq_lens is not None:
         samples = int(cu_seq_lens.numel()) - 1
-        if use_varlen_kernel(query, dropout, samples):
+        if _forced_path in (None, VARLEN_KERNEL) and use_varlen_kernel(query, dropout, samples):
+            _note_choice(VARLEN_KERNEL, query.device.type)
             max_length = int(kwargs.get("max_length_q") or length)
             return _varlen_kernel(query, key, value, cu_seq_lens, max_length, scaling).unsqueeze(0), None
         bounds = [int(b) for b in cu_seq_lens.tolist()]  # host-side bounds: no device sync
@@ -65,6 +70,13 @@ def varlen_sdpa(
         if not starts or starts[0] != 0:
             starts = [0, *starts]
         bounds = [*starts, length]
+    forced = _forced_path if _forced_path != VARLEN_KERNEL else None
+    path = forced or choose_packed_attention(query.device.type, len(bounds) - 1, kernel=False)
+    _note_choice(path, query.device.type)
+    if path == BUCKETED:
+        return _bucketed_sdpa(query, key, value, bounds, dropout, scaling), None
+    if path == BLOCK_MASK:
+        return _block_mask_sdpa(query, key, value, bounds, dropout, scaling), None
     return _per_sample_sdpa(query, key, value, bounds, dropout, scaling), None
 
 
@@ -95,6 +107,116 @@ def _per_sample_sdpa(
     return torch.cat(parts, dim=2).transpose(1, 2).contiguous()
 
 
+def _bucket_of(length: int) -> int:
+    """A sample's length bucket: the next power of two (samples of one bucket are padded to its longest, so a
+    padded sample is never more than twice its length and its attention never more than 4x its own)."""
+    return 1 << max(0, length - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class _BucketPlan:
+    """How `_bucketed_sdpa` lays out one packed row: per bucket, either one sample's bounds (a slice, no copy) or
+    the gather indices of its samples padded to `[count, longest]`; then where the buckets' tokens go back."""
+
+    parts: tuple[tuple[int, int] | tuple[torch.Tensor, torch.Tensor, int, int], ...]
+    restore: torch.Tensor | None  # positions of the concatenated outputs in row order; None: already in order
+
+
+@functools.lru_cache(maxsize=8)
+def _bucket_plan(bounds: tuple[int, ...], device: torch.device) -> _BucketPlan:
+    lengths = [e - s for s, e in itertools.pairwise(bounds)]
+    buckets: dict[int, list[int]] = {}
+    for i, n in enumerate(lengths):
+        if n > 0:
+            buckets.setdefault(_bucket_of(n), []).append(i)
+    parts: list[Any] = []
+    order: list[torch.Tensor] = []
+    for key in sorted(buckets):
+        members = buckets[key]
+        if len(members) == 1:
+            start, end = bounds[members[0]], bounds[members[0] + 1]
+            parts.append((start, end))
+            order.append(torch.arange(start, end))
+            continue
+        starts = torch.tensor([bounds[i] for i in members])
+        sizes = torch.tensor([lengths[i] for i in members])
+        longest = int(sizes.max())
+        steps = torch.arange(longest)
+        valid_BL = steps.unsqueeze(0) < sizes.unsqueeze(1)
+        # A padding slot reads its sample's first token: any real position will do, since under the causal mask
+        # real positions never attend to the slots after them and the slots' outputs are dropped.
+        index_BL = torch.where(valid_BL, starts.unsqueeze(1) + steps, starts.unsqueeze(1))
+        keep = torch.nonzero(valid_BL.flatten()).flatten()
+        parts.append((index_BL.flatten().to(device), keep.to(device), len(members), longest))
+        order.append(index_BL.flatten()[keep])
+    flat = torch.cat(order)
+    in_order = bool(torch.equal(flat, torch.arange(flat.numel())))
+    restore = None if in_order else torch.argsort(flat).to(device)
+    return _BucketPlan(tuple(parts), restore)
+
+
+def _bucketed_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: list[int],
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """Causal sdpa over the samples of a packed row, one call per length bucket (`_bucket_of`): a bucket's samples
+    are gathered into a right-padded batch `[count, heads, longest, D]` and run as one causal attention, the padding
+    slots' outputs dropped. `[1, heads, N, D]` in, `[1, N, heads, D]` out. A bucket of one sample is a slice."""
+    plan = _bucket_plan(tuple(bounds), query.device)
+    gqa = key.shape[1] != query.shape[1]
+    q_HND, k_HND, v_HND = query[0], key[0], value[0]
+    outs: list[torch.Tensor] = []
+    for part in plan.parts:
+        if len(part) == 2:
+            start, end = part  # type: ignore[misc]
+            q, k, v = (t[:, start:end].unsqueeze(0) for t in (q_HND, k_HND, v_HND))
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+            )
+            outs.append(out[0].transpose(0, 1))  # [n, heads, D]
+            continue
+        index, keep, count, longest = part  # type: ignore[misc]
+        q, k, v = (
+            t.index_select(1, index).unflatten(1, (count, longest)).transpose(0, 1) for t in (q_HND, k_HND, v_HND)
+        )
+        out_BHLD = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=gqa
+        )
+        out_ND = out_BHLD.transpose(1, 2).reshape(count * longest, *out_BHLD.shape[1:2], out_BHLD.shape[-1])
+        outs.append(out_ND.index_select(0, keep))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if plan.restore is not None:
+        out = out.index_select(0, plan.restore)
+    return out.unsqueeze(0).contiguous()
+
+
+def _block_mask_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bounds: list[int],
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One sdpa call over the whole row under a block-diagonal causal mask `[N, N]` (the work of the row's length
+    squared; measured for comparison, bench/trainer_packing.py paths). `[1, heads, N, D]` in, `[1, N, heads, D]`
+    out."""
+    n = query.shape[2]
+    sample = torch.repeat_interleave(
+        torch.arange(len(bounds) - 1), torch.tensor([e - s for s, e in itertools.pairwise(bounds)])
+    ).to(query.device)
+    position = torch.arange(n, device=query.device)
+    mask = (sample.unsqueeze(1) == sample.unsqueeze(0)) & (position.unsqueeze(1) >= position.unsqueeze(0))
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=key.shape[1] != query.shape[1]
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 def _torch_varlen() -> Any:
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -122,12 +244,69 @@ def use_varlen_kernel(query: torch.Tensor, dropout: float = 0.0, samples: int | 
     )
 
 
+VARLEN_KERNEL = "varlen_kernel"
+SAMPLE_LOOP = "sample_loop"
+BUCKETED = "bucketed_sdpa"
+BLOCK_MASK = "block_mask_sdpa"
+PACKED_PATHS = (VARLEN_KERNEL, SAMPLE_LOOP, BUCKETED, BLOCK_MASK)
+"""How `varlen_sdpa` computes a packed row's attention: torch's varlen flash kernel in one call; one sdpa call per
+sample; one sdpa call per length bucket over its samples padded (`_bucketed_sdpa`); one sdpa call over the whole row
+under a block-diagonal mask (benchmarks only: the row's length squared)."""
+
+
+def choose_packed_attention(device_type: str, samples: int, *, kernel: bool) -> str:
+    """The attention path for a packed row of `samples` samples on a `device_type` device (`kernel`: torch's varlen
+    kernel serves it, `use_varlen_kernel`). The rule and the measurements behind it are in docs/trainer.md ("Which
+    path runs on which device"):
+
+    - the varlen kernel where it serves (CUDA, bf16/fp16, >= KERNEL_MIN_SAMPLES samples): one launch per layer;
+    - on CUDA otherwise, the per-sample loop, as measured on an H100 for a few long samples (no GPU measurement of
+      the bucketed path yet, so CUDA keeps what it had);
+    - elsewhere (CPU) the bucketed path: on CPU each sdpa call costs ~40 us of dispatch forward and backward, so the
+      per-sample loop made a row of 128 short samples ~3x slower than padded rows; the bucketed path calls sdpa
+      once per length bucket (one call for the main job's rows), and for a few long samples in distinct buckets it
+      is the per-sample loop's slices."""
+    if kernel:
+        return VARLEN_KERNEL
+    if device_type == "cuda":
+        return SAMPLE_LOOP
+    del samples
+    return BUCKETED
+
+
+_forced_path: str | None = None
+_logged: set[tuple[str, str]] = set()
+
+
+@contextlib.contextmanager
+def forced_path(path: str) -> Iterator[None]:
+    """Every packed row in the block takes `path` (one of PACKED_PATHS) instead of the rule's choice: for benchmarks
+    and tests comparing the paths. VARLEN_KERNEL still needs the kernel; where it does not serve, the rule decides."""
+    global _forced_path
+    if path not in PACKED_PATHS:
+        raise ValueError(f"packed attention path must be one of {PACKED_PATHS}, got {path!r}")
+    previous, _forced_path = _forced_path, path
+    try:
+        yield
+    finally:
+        _forced_path = previous
+
+
+def _note_choice(path: str, device_type: str) -> None:
+    """Log the attention path the first time it runs on a device type (once per process and pair)."""
+    if (path, device_type) not in _logged:
+        _logged.add((path, device_type))
+        logger.info("packed attention on %s: %s (docs/trainer.md, which path runs on which device)", device_type, path)
+
+
 def describe_choice(dtype: torch.dtype, device: torch.device | str) -> str:
     """Which path `varlen_sdpa` takes for packed rows of `dtype` on `device`, in words."""
     probe = torch.empty(1, dtype=dtype, device=device)
+    fallback = choose_packed_attention(probe.device.type, 1, kernel=False)
+    words = {SAMPLE_LOOP: "the per-sample sdpa loop", BUCKETED: "one sdpa call per length bucket"}[fallback]
     if not use_varlen_kernel(probe):
-        return "the per-sample sdpa loop"
-    return f"torch varlen_attn for rows of {KERNEL_MIN_SAMPLES} or more samples, else the per-sample sdpa loop"
+        return words
+    return f"torch varlen_attn for rows of {KERNEL_MIN_SAMPLES} or more samples, else {words}"
 
 
 def _varlen_kernel(
