@@ -47,6 +47,17 @@ class Config(BaseModel):
         description="Trainer weight (master) dtype, also that of the gradients and AdamW state. bfloat16 is pure "
         "bf16: updates smaller than a weight's rounding step (lr ~1e-6) are lost (docs/trainer.md).",
     )
+    optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Dtype of the AdamW moments: bfloat16 over float32 master weights stores 12 bytes a parameter "
+        "with its gradient instead of 16 (a 70B model's state on 32 GPUs; docs/trainer.md), the update computed in "
+        "float32.",
+    )
+    fsdp_cpu_offload: bool = Field(
+        False,
+        description="FSDP2's CPUOffloadPolicy: parameter shards, gradients and the optimizer step live in host "
+        "memory, copied to the GPU a layer at a time (world size > 1 only; memory for speed).",
+    )
     compute_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="Dtype of the trainer's forward and backward: bfloat16 with float32 weights is mixed precision "

@@ -114,6 +114,7 @@ def shard_model(
     world_size: int,
     shape: tuple[int, ...] | None = None,
     compute_dtype: torch.dtype | None = None,
+    cpu_offload: bool = False,
 ) -> torch.nn.Module:
     """FSDP2: shard each decoder layer, then the root (embeddings, final norm, lm head), over a mesh of `shape`
     (default `(world_size,)`; a 2-D `(replicate, shard)` shape is HSDP, see `mesh_shape`).
@@ -121,9 +122,11 @@ def shard_model(
     `compute_dtype` (e.g. bfloat16 for float32 parameters) is mixed precision: FSDP2's `MixedPrecisionPolicy`
     all-gathers the parameters in that dtype for forward and backward while the sharded parameters, their
     gradients and the optimizer state stay in the parameters' dtype, and gradients are reduce-scattered in
-    float32 (an lr-1e-6 update survives; in bfloat16 it would round away)."""
+    float32 (an lr-1e-6 update survives; in bfloat16 it would round away). `cpu_offload`: FSDP2's `CPUOffloadPolicy`:
+    the sharded parameters, their gradients and the optimizer step in host memory (pinned on CUDA), each layer copied
+    to the device for its forward and backward."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     shape = shape or (world_size,)
     names = ("replicate", "shard") if len(shape) == 2 else None
@@ -131,6 +134,8 @@ def shard_model(
     kwargs: dict[str, Any] = {"mesh": mesh}
     if compute_dtype is not None:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
     layers = _decoder_layers(model)
     for layer in layers:
         fully_shard(layer, **kwargs)

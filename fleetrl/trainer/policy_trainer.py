@@ -192,7 +192,12 @@ class PolicyTrainer:
 
     def _shard(self, model: torch.nn.Module) -> torch.nn.Module:
         return fdist.shard_model(
-            model, self.device, self.ctx.world_size, self.ctx.mesh_shape, compute_dtype=self._mixed_dtype()
+            model,
+            self.device,
+            self.ctx.world_size,
+            self.ctx.mesh_shape,
+            compute_dtype=self._mixed_dtype(),
+            cpu_offload=bool(getattr(self.cfg, "fsdp_cpu_offload", False)),
         )
 
     def _load_reference(self) -> torch.nn.Module:

@@ -123,6 +123,16 @@ def test_a_lora_run_renders_no_reference_service():
     assert not [m for m in lora if m["metadata"]["name"].endswith("-reference")]  # but LoRA needs none
 
 
+def test_the_scaled_values_train_float32_master_weights_with_bfloat16_compute():
+    """At lr 1e-6 pure bfloat16 rounds most updates away (docs/trainer.md): the scaled values keep float32 master
+    weights (and AdamW state) and compute in bfloat16, and push in bfloat16."""
+    from fleetrl import Config
+
+    config = Config(**values_file(SCALED)["run"]["config"])
+    assert config.dtype == "float32" and config.compute_dtype in ("auto", "bfloat16")
+    assert config.inference_dtype == "bfloat16" and config.learning_rate <= 1e-5
+
+
 def test_scaled_gpu_values_render_valid_manifests(scaled_manifests):
     kinds = validate_all(scaled_manifests)
     assert "ServiceMonitor" in kinds

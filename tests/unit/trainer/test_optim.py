@@ -74,3 +74,39 @@ def test_adamw_falls_back_to_foreach_where_no_fused_kernel_exists():
     params = [torch.nn.Parameter(torch.empty(4, device="meta"))]  # no fused AdamW for the meta device
     optimizer = build_optimizer(params, Config(base_model="x"))
     assert optimizer_implementation(optimizer) == "foreach"
+
+
+def test_bfloat16_moments_step_like_adamw_over_float32_weights():
+    """LowPrecisionStateAdamW keeps its moments in bfloat16 (12 bytes a parameter with weights and gradients) and
+    moves float32 weights as torch's AdamW does, up to the moments' rounding."""
+    from fleetrl.trainer.optim import LowPrecisionStateAdamW, optimizer_implementation
+
+    torch.manual_seed(0)
+    start = torch.randn(4096)
+    ours, theirs = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())
+    opt_ours = LowPrecisionStateAdamW([ours], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt_theirs = torch.optim.AdamW([theirs], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    for _ in range(20):
+        grad = torch.randn(4096)
+        for p, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            p.grad = grad.clone()
+            opt.step()
+    state = opt_ours.state[ours]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16 and ours.dtype == torch.float32
+    ours_update, theirs_update = ours.detach() - start, theirs.detach() - start
+    assert torch.nn.functional.cosine_similarity(ours_update, theirs_update, dim=0) > 0.999
+    assert (ours_update - theirs_update).norm() / theirs_update.norm() < 0.02
+    assert optimizer_implementation(opt_ours) == "for-loop, bfloat16 moments"
+
+
+def test_the_config_picks_bfloat16_moments_only_over_wider_weights():
+    from fleetrl.trainer.optim import LowPrecisionStateAdamW
+
+    fp32 = [torch.nn.Parameter(torch.zeros(2))]
+    bf16 = [torch.nn.Parameter(torch.zeros(2, dtype=torch.bfloat16))]
+    assert isinstance(
+        build_optimizer(fp32, Config(base_model="x", optimizer_state_dtype="bfloat16")), LowPrecisionStateAdamW
+    )
+    assert type(build_optimizer(fp32, Config(base_model="x"))) is torch.optim.AdamW
+    # pure bf16 weights: the moments are bf16 anyway, torch's fused AdamW does it
+    assert type(build_optimizer(bf16, Config(base_model="x", optimizer_state_dtype="bfloat16"))) is torch.optim.AdamW
