@@ -6,7 +6,9 @@ Writes an HF model folder (weights + tokenizer) and the task's rows (train.jsonl
 data is mislabelled like a sloppy annotator's: 70 % of its targets are off by one (the sum plus 1). The policy
 learns to add but mostly answers one too many, so it starts with a low reward, and only the verifiable reward
 of the RL run in run.toml can correct it. Same arguments -> the same model on the same machine (seeded, CPU,
-single thread).
+single thread); not across machines: the float kernels torch, oneMKL and oneDNN pick depend on the CPU's
+instruction set (AVX2, AVX-512, AMX), their rounding differs in the last bits, and 2,000 steps carry those bits into
+visibly different models (held-out greedy accuracy 0.245, 0.300 and 0.140 on three days' machines; README).
 """
 
 from __future__ import annotations
