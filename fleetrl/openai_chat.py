@@ -153,12 +153,71 @@ def assistant_message(
     return {"role": "assistant", "content": text}, finish_reason
 
 
-def token_logprobs(tokens: Sequence[str], logprobs: Sequence[float]) -> dict[str, Any]:
-    """A choice's `logprobs` object: one entry per generated token (no top alternatives)."""
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: each byte as the printable character byte-level BPE vocabularies spell it with
+    (Radford et al. 2019, `encoder.py`; the tokenizers of GPT-2, Qwen, Llama 3 and the tiny model use it)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars
+
+
+_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+_SENTENCEPIECE_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer: Any, token_ids: Sequence[int]) -> list[bytes]:
+    """The exact bytes each token stands for (a token may hold part of a UTF-8 character): special and added tokens
+    as their text, SentencePiece's `<0xNN>` as that byte and `▁` as a space, a byte-level tokenizer's symbols (`Ċ`
+    for a newline) through GPT-2's alphabet; any other token as the tokenizer decodes it alone."""
+    added = set(getattr(tokenizer, "all_special_tokens", ()) or ()) | set(
+        (getattr(tokenizer, "get_added_vocab", dict)() or {}).keys()
+    )
+    byte_level = _is_byte_level(tokenizer)
+    pieces = []
+    for symbol in tokenizer.convert_ids_to_tokens(list(token_ids)):
+        symbol = symbol or ""
+        if symbol in added:
+            pieces.append(symbol.encode())
+        elif match := _SENTENCEPIECE_BYTE.fullmatch(symbol):
+            pieces.append(bytes([int(match.group(1), 16)]))
+        elif "▁" in symbol:
+            pieces.append(symbol.replace("▁", " ").encode())
+        elif byte_level and all(c in _BYTE_OF_CHAR for c in symbol):
+            pieces.append(bytes(_BYTE_OF_CHAR[c] for c in symbol))
+        elif hasattr(tokenizer, "convert_tokens_to_string"):
+            pieces.append(tokenizer.convert_tokens_to_string([symbol]).encode())
+        else:  # a tokenizer whose symbols are their text
+            pieces.append(symbol.encode())
+    return pieces
+
+
+def _is_byte_level(tokenizer: Any) -> bool:
+    """Whether the tokenizer spells bytes in GPT-2's alphabet (a slow one's `byte_decoder`, a fast one's ByteLevel
+    decoder)."""
+    if getattr(tokenizer, "byte_decoder", None):
+        return True
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    return backend is not None and "ByteLevel" in repr(getattr(backend, "decoder", None))
+
+
+def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[tuple[str, bytes]]:
+    """(text, bytes) of each token as the OpenAI API gives them: the text piece (a token holding only part of a
+    character shows as U+FFFD) and its exact UTF-8 bytes, not the vocabulary's internal symbol."""
+    return [(raw.decode("utf-8", errors="replace"), raw) for raw in token_bytes(tokenizer, token_ids)]
+
+
+def token_logprobs(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> dict[str, Any]:
+    """A choice's `logprobs` object: one entry per generated token (its text and bytes; no top alternatives)."""
     return {
         "content": [
-            {"token": t, "logprob": float(x), "bytes": list(t.encode()), "top_logprobs": []}
-            for t, x in zip(tokens, logprobs, strict=True)
+            {"token": text, "logprob": float(x), "bytes": list(raw), "top_logprobs": []}
+            for (text, raw), x in zip(token_texts(tokenizer, token_ids), logprobs, strict=True)
         ]
     }
 

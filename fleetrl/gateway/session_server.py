@@ -359,7 +359,7 @@ class SessionServer:
             session.history = ExactHistory(history, [*prompt, *generated], tools)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.get("logprobs"):
-            choice["logprobs"] = token_logprobs(self.tokenizer.convert_ids_to_tokens(generated), c.inference_logprobs)
+            choice["logprobs"] = token_logprobs(self.tokenizer, generated, c.inference_logprobs)
         choice.update(token_ids=generated, token_logprobs=list(c.inference_logprobs), versions=list(c.versions))
         choice["prompt_token_ids"] = prompt
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}

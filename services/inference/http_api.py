@@ -38,6 +38,7 @@ from fleetrl.openai_chat import (
     render_chat_prompt,
     stream_events,
     token_logprobs,
+    token_texts,
 )
 from fleetrl.openai_chat import chat_stop_ids as chat_stop_ids
 from fleetrl.services.inference.config import InferenceConfig
@@ -229,7 +230,7 @@ class OpenAIApi:
                 text, c = stop_completion(c, body.stop, self.tokenizer)
                 lp = None
                 if body.logprobs is not None:
-                    toks = self.tokenizer.convert_ids_to_tokens(c.token_ids)
+                    toks = [text for text, _ in token_texts(self.tokenizer, c.token_ids)]
                     lp = {"tokens": toks, "token_logprobs": c.logprobs, "top_logprobs": None}
                 choices.append(
                     {
@@ -268,7 +269,7 @@ class OpenAIApi:
             text, c = stop_completion(c0, body.stop, self.tokenizer)
             lp = None
             if body.logprobs:
-                lp = token_logprobs(self.tokenizer.convert_ids_to_tokens(c.token_ids), c.logprobs)
+                lp = token_logprobs(self.tokenizer, c.token_ids, c.logprobs)
             message, finish = assistant_message(
                 text, c.finish_reason, tools_offered=bool(body.tools), tool_choice=body.tool_choice
             )

@@ -15,6 +15,8 @@ from fleetrl.openai_chat import (
     stop_text_cut,
     stream_events,
     template_messages,
+    token_logprobs,
+    token_texts,
 )
 
 
@@ -60,3 +62,25 @@ def test_stop_cut_and_stream_events():
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == "hi"
     assert chunks[-2]["choices"][0]["finish_reason"] == "stop" and chunks[-2]["choices"][0]["token_ids"] == [1]
     assert chunks[-1]["usage"]["total_tokens"] == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_logprob_entries_carry_each_tokens_text_and_utf8_bytes_not_the_vocabulary_symbol(tiny_tokenizer):
+    text = "a\nb é 😀 «x»"
+    ids = [*tiny_tokenizer.encode(text, add_special_tokens=False), tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    entries = token_logprobs(tiny_tokenizer, ids, [-0.5] * len(ids))["content"]
+    newline = tiny_tokenizer.encode("\n", add_special_tokens=False)
+    assert tiny_tokenizer.convert_ids_to_tokens(newline) == ["Ċ"]  # the symbol the entries used to carry
+    assert token_logprobs(tiny_tokenizer, newline, [0.0])["content"][0] | {"logprob": 0} == {
+        "token": "\n", "logprob": 0, "bytes": [10], "top_logprobs": []
+    }  # fmt: skip
+    assert b"".join(bytes(e["bytes"]) for e in entries) == (text + "<|im_end|>").encode()  # exact, byte for byte
+    whole = [e for e in entries if "\ufffd" not in e["token"]]  # tokens holding whole characters read as text
+    assert all(e["token"].encode() == bytes(e["bytes"]) for e in whole) and entries[-1]["token"] == "<|im_end|>"
+    assert [t for t, _ in token_texts(tiny_tokenizer, ids)] == [e["token"] for e in entries]
