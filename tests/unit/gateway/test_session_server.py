@@ -425,3 +425,18 @@ def test_a_bad_session_port_is_refused_naming_the_variable(tokenizer, monkeypatc
     monkeypatch.setenv("FLEETRL_SESSION_PORT", value)
     with pytest.raises(ValueError, match=r"FLEETRL_SESSION_PORT: .* is not a port number"):
         SessionServer(ScriptedSampler(tokenizer, []), tokenizer)
+
+
+async def test_an_openai_client_reads_each_logprob_entrys_text_and_bytes(tokenizer):
+    server = SessionServer(ScriptedSampler(tokenizer, ["a\nb é"]), tokenizer, sample_kwargs={"max_tokens": 16})
+    try:
+        session = await server.open()
+        async with openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0) as client:
+            r = await client.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "x"}], logprobs=True
+            )
+        entries = r.choices[0].logprobs.content
+        assert "Ċ" not in [e.token for e in entries] and "\n" in [e.token for e in entries]
+        assert b"".join(bytes(e.bytes) for e in entries) == "a\nb é<|im_end|>".encode()
+    finally:
+        await server.close()
