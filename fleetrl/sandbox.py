@@ -140,35 +140,37 @@ def _bwrap_path() -> str | None:
 async def sandbox_backend(isolation: str | None = None, *, refresh: bool = False) -> Isolation:
     """The backend `run_sandboxed` uses: `isolation` (or `FLEETRL_SANDBOX`): "bwrap", "process" or "auto" (bwrap
     where it runs here, probed once per process with a log line saying which and what it isolates)."""
-    global _backend
+    global _backend, _bwrap_problem, _said_process
     choice = (isolation if isolation is not None else os.environ.get(SANDBOX_ENV, "")).strip() or "auto"
     if choice not in ("auto", "bwrap", "process"):
         source = "isolation" if isolation is not None else SANDBOX_ENV
         raise ValueError(f"{source}: {choice!r} is not a sandbox backend; use 'auto', 'bwrap' or 'process'")
     if choice == "process":
+        if not _said_process:
+            _said_process = True
+            log.warning("sandbox: plain processes, as asked (%s)", _NOT_ISOLATED)
         return "process"
     lock = _probe_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())  # one probe at a time per loop
     async with lock:
         if _backend is None or refresh:
-            problem = await _probe_bwrap()
-            _backend = "bwrap" if problem is None else "process"
-            if problem is None:
+            _bwrap_problem = await _probe_bwrap()
+            _backend = "bwrap" if _bwrap_problem is None else "process"
+            if _bwrap_problem is None:
                 log.info("sandbox: bubblewrap (no network, only a read-only /usr and a scratch tmpfs, limits)")
             else:
-                log.warning(
-                    "sandbox: %s; untrusted code runs as plain processes (rlimits, a fresh directory, a scrubbed "
-                    "environment) which do NOT isolate the network, the filesystem or other processes: "
-                    "apt-get install bubblewrap",
-                    problem,
-                )
-            _bwrap_problem[0] = problem
+                log.warning("sandbox: %s; plain processes instead (%s)", _bwrap_problem, _NOT_ISOLATED)
     if choice == "bwrap" and _backend != "bwrap":
-        raise SandboxUnavailable(f"isolation='bwrap': {_bwrap_problem[0]}")
+        raise SandboxUnavailable(f"isolation='bwrap': {_bwrap_problem}")
     assert _backend is not None
     return _backend
 
 
-_bwrap_problem: list[str | None] = [None]
+_bwrap_problem: str | None = None
+_said_process = False
+_NOT_ISOLATED = (
+    "rlimits, a fresh directory and a scrubbed environment, which do NOT isolate the network, the filesystem or "
+    "other processes: apt-get install bubblewrap"
+)
 
 
 async def _probe_bwrap() -> str | None:
