@@ -31,7 +31,7 @@ from fleetrl.config import wants_reference_logprobs
 from fleetrl.losses import policy_loss, resolve_loss_settings
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer.datum import Datum, collate
-from fleetrl.trainer.logprobs import pack, packed_logprobs, set_activation_checkpointing
+from fleetrl.trainer.logprobs import pack, packed_logprobs, padded_logprobs, set_activation_checkpointing
 from fleetrl.trainer.minibatches import (
     SampleFigures,
     balance_by_tokens,
@@ -208,6 +208,15 @@ class InnerLoop:
                 return (
                     packed.to_padded(logprobs_N, width),
                     None if entropy_N is None else packed.to_padded(entropy_N, width),
+                )
+            if self.chunk_tokens > 0:  # the packed rows' chunked head, so that the two layouts compare
+                return padded_logprobs(
+                    model,
+                    batch.input_tokens_BT.to(self.device),
+                    batch.target_tokens_BT.to(self.device),
+                    temperature=self.cfg.temperature,
+                    chunk_tokens=self.chunk_tokens,
+                    entropy=entropy,
                 )
             mask = batch.mask_BT.to(self.device) if entropy else None
             logprobs, ent = target_logprobs(

@@ -198,6 +198,29 @@ def packed_logprobs(
     return logprobs.reshape(-1), head.entropy_N
 
 
+def padded_logprobs(
+    model: torch.nn.Module,
+    input_ids_BT: torch.Tensor,
+    targets_BT: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target logprobs `[B, T]` (float32) of right-padded rows through the same chunked head as `packed_logprobs`
+    (so the two layouts differ only in their rows), and the entropy `[B, T]` (no gradient) when asked. Padding
+    positions get values too; the losses mask them. No attention mask, as `fleetrl.trainer.model.forward_logits`."""
+    if chunk_tokens <= 0:
+        raise ValueError(
+            "padded_logprobs: chunk_tokens must be > 0 (full logits: fleetrl.trainer.model.target_logprobs)"
+        )
+    head = _Head(torch.nn.Identity(), targets_BT.reshape(-1), temperature, chunk_tokens, entropy)
+    with _chunked_head(model, head):
+        logprobs_BT = model(input_ids=input_ids_BT, use_cache=False).logits
+    entropy_BT = head.entropy_N.view(targets_BT.shape) if head.entropy_N is not None else None
+    return logprobs_BT.view(targets_BT.shape), entropy_BT
+
+
 def set_activation_checkpointing(model: torch.nn.Module, on: bool) -> int:
     """Turn activation checkpointing of the decoder layers on or off for the next forwards (the layers must have
     been prepared by `gradient_checkpointing_enable`); returns how many layers were set."""

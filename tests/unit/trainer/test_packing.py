@@ -284,3 +284,26 @@ def test_the_cuda_kernel_path_gets_the_row_as_tokens_by_heads_and_causal_bounds(
     assert calls == [((15, 4, 8), (15, 4, 8), torch.int32, 9, (-1, 0))]
     expected = _per_sample(q * (0.5 * 8**0.5), k, v, lengths)  # scale 0.5 instead of 1/sqrt(8)
     torch.testing.assert_close(out, expected)
+
+
+def test_padded_rows_take_the_packed_rows_chunked_head_with_the_full_logits_numbers(tiny_model_dir, tmp_path):
+    """packing = false runs the same chunked head as packed rows (the two layouts then differ only in their rows),
+    and computes what full logits compute."""
+    chunk = 100  # wider than the hidden size (the lm_head weight's [H, V] transpose counts less), under B x T
+    cfg = make_cfg(tiny_model_dir, tmp_path, logprob_chunk_tokens=chunk, packing=False)
+    trainer = PolicyTrainer(cfg)
+    datums = _datums(2)
+    assert trainer.model.config.hidden_size < chunk < len(datums) * max(LENGTHS)
+    advantages = torch.tensor([0.5, -1.0, 1.0, -0.25, 0.75])
+    vocab = trainer.model.config.vocab_size
+    with _LargestLogits(vocab) as probe:
+        chunked, chunked_grads = _loss_and_grads(trainer, datums, advantages, packing=False, budget=None)
+    assert probe.rows == chunk  # one chunk's logits at a time, never [B, T, V]
+    trainer.loop.chunk_tokens = 0
+    full, full_grads = _loss_and_grads(trainer, datums, advantages, packing=False, budget=None)
+    assert chunked["_loss"] == pytest.approx(full["_loss"], rel=1e-5, abs=1e-7)
+    assert chunked["_tok/entropy"] == pytest.approx(full["_tok/entropy"], rel=1e-5)
+    scale = max(g.abs().max().item() for g in full_grads.values())
+    for name, grad in full_grads.items():
+        assert (chunked_grads[name] - grad).abs().max().item() <= 1e-4 * scale, name
+    trainer.close()
