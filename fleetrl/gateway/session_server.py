@@ -231,8 +231,9 @@ class SessionServer:
         self._watched = None
 
     def __del__(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        sock = getattr(self, "_sock", None)  # None too when __init__ refused its arguments
+        if sock is not None:
+            sock.close()
 
     def _first_connection(self) -> None:
         """A client connected to the listening port: start serving (once)."""
