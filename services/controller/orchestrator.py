@@ -177,6 +177,7 @@ class Orchestrator:
         self.pushes = PushQueue()
         self._push_task: asyncio.Task[None] | None = None
         self.push_wait_s = 0.0  # seconds the loop waited for pushes since the last step began
+        self._ended_pushes: list[tuple[float, float]] = []  # (fetch, swap) of the pushes ended since the last line
 
     @property
     def pushed_version(self) -> int:
@@ -519,13 +520,18 @@ class Orchestrator:
         t_end = self.clock()
         self._last_step_end = t_end
         self.last_progress = t_end
+        fetch = self.last_push_fetch_s if reply.published else 0.0
+        swap = self.last_push_swap_s if reply.published else 0.0
+        if self.overlap:  # this step's own push is still in flight: the figures of those that ended meanwhile
+            ended, self._ended_pushes = self._ended_pushes, []
+            fetch, swap = max((f for f, _ in ended), default=0.0), max((s for _, s in ended), default=0.0)
         times = StepTimes(
             wait=wait_time,
             train=t_trained - t_start,
             weight_update=weight_update_time,
             total=t_end - t_start,
-            fetch=self.last_push_fetch_s if reply.published else 0.0,
-            swap=self.last_push_swap_s if reply.published else 0.0,
+            fetch=fetch,
+            swap=swap,
             gate_open=t_end - t_trained,
             push_wait=push_wait,
             version_serve=max((s for _, s in self.pushes.take_served()), default=None),
@@ -555,6 +561,7 @@ class Orchestrator:
         except BaseException:
             self.pushes.failed()
             raise
+        self._ended_pushes.append((self.last_push_fetch_s, self.last_push_swap_s))
         self.scheduler.publish(job.version)
         self.lease_signal.notify()  # rows may be leased at the new version
         self.wakeup.set()
@@ -592,7 +599,7 @@ class Orchestrator:
         With no replica answering (the only one restarting) the run waits: the poller pushes the version to each
         replica that answers again. Only replicas that all answered and refused the weights fail the run."""
         t0 = self.clock()
-        self.last_push_fetch_s = self.last_push_swap_s = 0.0
+        slowest = {"fetch": 0.0, "swap": 0.0}  # this push's slowest replica (last_push_* once it ended)
         if nbytes > 0:  # the version's bytes (from the trainer's reply): each load's deadline scales with them
             self.push_bytes = nbytes
         push = self.fleet.start_push(version, source, self.clock())
@@ -611,8 +618,8 @@ class Orchestrator:
                 return  # it restarted during the push: the new process is caught up by the poller
             if was_fenced:
                 log.info("replica %s serves version %d again: back in rotation", member.member_id, reply.version)
-            self.last_push_fetch_s = max(self.last_push_fetch_s, reply.transfer_s)
-            self.last_push_swap_s = max(self.last_push_swap_s, reply.pause_s)
+            slowest["fetch"] = max(slowest["fetch"], reply.transfer_s)
+            slowest["swap"] = max(slowest["swap"], reply.pause_s)
             log.info(
                 "replica %s loaded version %d from %s (transfer %.3f s, pause %.3f s)",
                 member.member_id,
@@ -640,6 +647,7 @@ class Orchestrator:
         failure = self.fleet.finish_push(push, self.clock())
         if failure is not None:
             raise RunFailed(failure)
+        self.last_push_fetch_s, self.last_push_swap_s = slowest["fetch"], slowest["swap"]
         return self.clock() - t0
 
     async def _load_weights(
