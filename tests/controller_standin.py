@@ -17,11 +17,16 @@ class RecordingController:
         self.report_result = report_result
         self.reports: list[Any] = []
         self.evals: list[Any] = []
+        self.version = self.trained_steps = 0
 
     async def ReportRows(self, request: Any, timeout: float | None = None) -> Any:
         self.reports.extend(request.reports)
         results = [self.report_result] * len(request.reports) if self.report_result else []
         return controller_pb2.ReportRowsResponse(results=results)
+
+    async def GetStatus(self, request: Any, timeout: float | None = None) -> Any:
+        """The run's versions (`version`, `trained_steps`: 0 unless a test sets them)."""
+        return controller_pb2.RunStatus(version=self.version, trained_steps=self.trained_steps)
 
     async def ReportEval(self, request: Any, timeout: float | None = None) -> Any:
         self.evals.append(request)

@@ -23,6 +23,12 @@ controller's list to change (the gateway refreshes it while `wants_replicas`), u
 restart is a slow call to the rollout, not a failed one. Slow failures (DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) are
 tried `max_attempts` times at most.
 
+Every reply is checked before a rollout sees it (fleetrl.gateway.replica_replies): a token outside the vocabulary,
+a non-finite or positive logprob, lists of different lengths, or a version that is negative or newer than the run
+can have produced is the replica's fault. It is counted against the replica (`bad_replies`), the call goes to
+another replica, and a replica that answers garbage 3 times in a row is routed around (`health`) for 30 s, doubling
+while it goes on. A rollout never sees such a reply; when no other replica is left, the call waits as in an outage.
+
 A call without a `seed` (in its arguments or the run's sample_kwargs) made inside a gateway rollout is seeded from
 the rollout (run seed, row, version, sample index, call index: fleetrl.gateway.sampling_seed); elsewhere it is unseeded.
 Seeded calls of one prompt and settings made together (a row's G rollouts) go to the replica as one request with a
@@ -36,7 +42,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -44,6 +50,7 @@ import grpc
 
 from fleetrl.clients.inference import InferenceClient
 from fleetrl.clients.inference_types import SamplingRequest
+from fleetrl.gateway.replica_replies import ReplicaHealth, newest_version, reply_fault
 from fleetrl.gateway.sampler_coalesce import RequestCoalescer
 from fleetrl.gateway.sampling_seed import next_rollout_seed
 
@@ -183,6 +190,10 @@ class Sampler:
         replica_wait_s: float = 300.0,
         default_kwargs: dict[str, Any] | None = None,
         coalesce: bool = True,
+        vocab_size: int | None = None,
+        version_probe: Callable[[], Awaitable[int | None]] | None = None,
+        health: ReplicaHealth | None = None,
+        check_replies: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.auth_token = auth_token
@@ -201,6 +212,14 @@ class Sampler:
         self.calls = 0
         self.retries = 0
         self.wants_replicas = False  # a call found no replica to try since the last set_replicas: refresh the list
+        # Replies are checked (False: trusted as they come, for scripted replicas in tests that answer names).
+        self.check_replies = check_replies
+        self.vocab_size = vocab_size  # token ids must be below it (None: only non-negative)
+        # The newest version a replica may serve as far as the controller's last reply said (None: unknown), and a
+        # call that asks the controller afresh (the newest trained version) before a newer one is called garbage.
+        self.max_version: int | None = None
+        self.version_probe = version_probe
+        self.health = health if health is not None else ReplicaHealth()
 
     # --- replicas ------------------------------------------------------------------------------
     def set_replicas(self, addresses: Sequence[str]) -> None:
@@ -221,6 +240,30 @@ class Sampler:
                     "replica %s left the routable set: %d calls in flight retried elsewhere", address, len(calls)
                 )
 
+    def set_version(self, version: int) -> None:
+        """The run's live version (the controller's lease reply): a replica may serve it, or the next one being
+        pushed; a reply naming a newer one makes the sampler ask `version_probe` before refusing it."""
+        self.max_version = max(self.max_version or 0, version + 1)
+
+    @property
+    def bad_replies(self) -> dict[str, int]:
+        """Garbage replies per replica address (refused, retried elsewhere)."""
+        return dict(self.health.bad_replies)
+
+    async def _reply_fault(self, request: SamplingRequest, completions: list[Any]) -> str | None:
+        fault = reply_fault(request, completions, vocab_size=self.vocab_size, max_version=self.max_version)
+        newest = newest_version(completions)
+        if fault is None or self.version_probe is None or self.max_version is None or newest is None:
+            return fault
+        if newest <= self.max_version:
+            return fault
+        # Newer than the controller's last word: it may have trained and pushed since. Ask it before judging.
+        probed = await self.version_probe()
+        if probed is None:
+            return fault
+        self.max_version = max(self.max_version, probed)
+        return reply_fault(request, completions, vocab_size=self.vocab_size, max_version=self.max_version)
+
     @property
     def replicas(self) -> list[str]:
         return list(self._routable)
@@ -230,10 +273,12 @@ class Sampler:
         replica not in `avoid` (which `affinity` is then pinned to), or None."""
         if affinity is not None:
             pinned = self._affinity.get(affinity)
-            if pinned is not None and pinned in self._routable and pinned not in avoid:
+            usable = pinned is not None and not self.health.fenced(pinned, time.monotonic())
+            if usable and pinned in self._routable and pinned not in avoid:
                 self._affinity.move_to_end(affinity)
                 return pinned
-        candidates = [a for a in self._routable if a not in avoid]
+        now = time.monotonic()
+        candidates = [a for a in self._routable if a not in avoid and not self.health.fenced(a, now)]
         if not candidates:
             return None
         least = min(self._in_flight[a] for a in candidates)
@@ -260,7 +305,12 @@ class Sampler:
                 if time.monotonic() >= deadline:
                     if last_error is not None and self._routable:
                         raise last_error
-                    raise NoReplicaError(f"no live inference replica to sample from for {self.replica_wait_s:.0f} s")
+                    now = time.monotonic()
+                    garbage = sum(self.health.fenced(a, now) for a in self._routable)
+                    why = f" ({garbage} routed around for answering garbage)" if garbage else ""
+                    raise NoReplicaError(
+                        f"no live inference replica to sample from for {self.replica_wait_s:.0f} s{why}"
+                    )
                 await asyncio.sleep(min(self.backoff_s * 2**waits, MAX_BACKOFF_S))
                 waits += 1
                 tried.clear()  # those that failed may be back (or replaced) by now
@@ -268,8 +318,9 @@ class Sampler:
             self._in_flight[address] += 1
             call = asyncio.ensure_future(self._clients[address].generate(request, timeout_s=self.request_timeout_s))
             self._calls.setdefault(address, set()).add(call)
+            completions: list[Any] | None = None
             try:
-                return await asyncio.shield(call)
+                completions = await asyncio.shield(call)
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if not call.cancelled() or (current is not None and current.cancelling()):
@@ -293,6 +344,23 @@ class Sampler:
             finally:
                 self._in_flight[address] -= 1
                 self._calls[address].discard(call)
+            if completions is None:
+                continue
+            fault = await self._reply_fault(request, completions) if self.check_replies else None
+            if fault is None:
+                self.health.good(address)
+                return completions
+            tried.add(address)
+            self.retries += 1
+            fenced_s = self.health.bad(address, time.monotonic())
+            log.warning("replica %s answered garbage (%s); asking another replica", address, fault)
+            if fenced_s is not None:
+                log.warning(
+                    "replica %s answered garbage %d times in a row: not routed to for %.0f s",
+                    address,
+                    self.health.max_bad_in_a_row,
+                    fenced_s,
+                )
 
     # --- the cookbook interface -----------------------------------------------------------------
     async def sample_with_prompt_tokens(

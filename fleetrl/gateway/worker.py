@@ -156,6 +156,16 @@ class Gateway:
             log.info("gateway %s started (controller %s)", self.gateway_id, self.controller_address)
         return reply
 
+    async def _newest_version(self) -> int | None:
+        """The newest version this run has trained (a replica can serve none newer), asked of the controller; None
+        when it does not answer (the sampler then judges by the version its last lease reply gave)."""
+        try:
+            status = await self._call(self.stub.GetStatus, controller_pb2.GetStatusRequest())
+        except grpc.aio.AioRpcError as exc:
+            log.warning("GetStatus (the run's newest version) failed: %s", exc.code().name)
+            return None
+        return None if status is None else max(status.version, status.trained_steps)
+
     async def _deliver(self, method: Any, request: Any, what: str) -> Any:
         """A report (`ReportRows`, `ReportEval`) delivered at least once: a transient failure (RETRYABLE_CODES) is
         retried with backoff until the controller answers or has been unreachable for `controller_lost_s`
@@ -185,6 +195,8 @@ class Gateway:
                 request_timeout_s=self.config.generate_timeout_s,
                 replica_wait_s=self.config.replica_wait_s,
                 default_kwargs=self.run_cfg.sample_kwargs,
+                vocab_size=self.vocab_size,
+                version_probe=self._newest_version,
             )
         setup = RolloutSetup.for_run(self.run_cfg, self.tokenizer, self.sampler)
         judge_tokenizer = await asyncio.to_thread(load_judge_tokenizer, self.config, self.tokenizer)
@@ -259,6 +271,8 @@ class Gateway:
                     continue
                 if reply is not None:
                     self.sampler.set_replicas([r.address for r in reply.replicas])
+                    if isinstance(self.sampler, Sampler):  # replies naming a newer version are checked against it
+                        self.sampler.set_version(reply.version)
                     self._maybe_evaluate(reply.evaluate_version, tasks)
                     if reply.groups_address and (self._sender is None or self._sender.address != reply.groups_address):
                         self._sender = GroupSender(

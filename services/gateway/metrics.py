@@ -50,6 +50,15 @@ class GatewayMetrics(Collector):
             "Judge calls retried on another judge replica.",
             value=judge.retries if judge is not None else 0,
         )
+        sampler = getattr(self.gateway, "sampler", None)
+        bad = CounterMetricFamily(
+            "fleetrl_gateway_replica_bad_replies",
+            "Generate replies refused as impossible, by inference replica.",
+            labels=["replica"],
+        )
+        for address, count in sorted(getattr(sampler, "bad_replies", {}).items()):
+            bad.add_metric([address], count)
+        yield bad
         yield GaugeMetricFamily(
             "fleetrl_gateway_circuit_open",
             "1 when the circuit breaker is open.",

@@ -44,7 +44,7 @@ class ScriptedReplica:
 
 
 def sampler_with(*replicas: ScriptedReplica, **kwargs: Any) -> Sampler:
-    sampler = Sampler(backoff_s=0.001, **kwargs)
+    sampler = Sampler(backoff_s=0.001, check_replies=False, **kwargs)  # the scripts answer names, not completions
     for replica in replicas:
         sampler._clients[replica.name], sampler._in_flight[replica.name] = replica, 0
     return sampler
