@@ -81,8 +81,9 @@ async def test_a_swap_mid_generation_versions_tokens(engine, tiny_model_dir):
 
 async def test_an_idle_engine_keeps_no_copy_of_the_weights_it_received(engine, monkeypatch):
     """After a swap the received tensors (a whole model for a full version) are dropped even while the engine
-    idles (its worker kept the last swap, and with it the copy, until its next step), and their pages go back to
-    the OS (fleetrl.weights.host_memory)."""
+    idles (its worker kept the last swap, and with it the copy, until its next step). They are views of the
+    engine's receive buffer, which the next version reuses and which goes back to the OS once the engine had no
+    load for `receive_idle_s` (the next test)."""
     import gc
     import weakref
 
@@ -108,3 +109,38 @@ async def test_an_idle_engine_keeps_no_copy_of_the_weights_it_received(engine, m
     gc.collect()
     assert refs and engine.loaded_version == version
     assert [r for r in refs if r() is not None] == []
+
+
+async def test_versions_are_received_into_one_buffer_given_back_when_idle(tiny_model_dir):
+    """Every version lands in the same receive buffer (fresh memory for each one cost a page fault per 4 KiB on
+    every load: docs/benchmarks.md, "The CPU weight path, before and after"); with no load for `receive_idle_s`
+    the buffer is released."""
+    from fleetrl.weights import WeightPublisher
+    from tests.waiting import async_wait_until
+
+    engine = HFEngine(tiny_model_dir, receive_idle_s=3600.0)
+    idle = HFEngine(tiny_model_dir, receive_idle_s=0.0)
+    await engine.start()
+    await idle.start()
+    state = {n: t.detach().clone() for n, t in engine._state.items()}
+    addresses = []
+    original = engine._apply_swap
+
+    def recording_swap(swap):
+        addresses.append(sorted(t.data_ptr() for t in swap.tensors.values()))
+        original(swap)
+
+    engine._apply_swap = recording_swap
+    try:
+        with WeightPublisher() as publisher:
+            for version in (1, 2):
+                publisher.publish(version, state)
+                await engine.load_weights(version, publisher.address)
+            await idle.load_weights(2, publisher.address)
+        assert engine.loaded_version == 2 and engine.receive_buffer.allocations == 1
+        assert len(addresses) == 2 and addresses[0] == addresses[1]
+        assert engine.receive_buffer.nbytes > 0  # kept for the next version
+        await async_wait_until(lambda: idle.receive_buffer.nbytes == 0, 30.0, "the idle engine's buffer released")
+    finally:
+        await engine.shutdown()
+        await idle.shutdown()
