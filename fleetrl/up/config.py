@@ -22,7 +22,9 @@ class UpConfig(BaseModel):
         None,
         description="Evaluation hook 'module:fn' or 'file.py:fn' (async fn(setup, rows) -> dict), run by gateway-0.",
     )
-    engine: Literal["hf", "vllm"] = Field("hf", description="Inference engine of every replica.")
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="Inference engine of every replica; unset with inference_gpus given, 'vllm'."
+    )
     replicas: int = Field(1, ge=1, description="Inference replicas.")
     gateways: int = Field(1, ge=1, description="Rollout gateways.")
     controller_address: str | None = Field(
@@ -108,6 +110,15 @@ class UpConfig(BaseModel):
     @property
     def trainer_ranks(self) -> int:
         return self.trainer_nodes * self.trainer_procs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _vllm_on_gpus(cls, data: Any) -> Any:
+        """Replicas placed on GPUs (inference_gpus) serve with vLLM unless `engine` says otherwise: the hf engine is
+        the CPU development engine, and a user who lays out GPUs expects the GPU one."""
+        if isinstance(data, dict) and data.get("inference_gpus") is not None and "engine" not in data:
+            return {**data, "engine": "vllm"}
+        return data
 
     @model_validator(mode="after")
     def _gpu_layout(self) -> UpConfig:

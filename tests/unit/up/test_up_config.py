@@ -24,6 +24,12 @@ def test_gpu_layout_sets_each_child_cuda_visible_devices(tmp_path):
     assert plain.trainer_env() == {} and plain.replica_env(0) == {}
 
 
+def test_replicas_on_gpus_serve_with_vllm_unless_the_engine_is_given(tmp_path):
+    assert UpConfig.from_file(write(tmp_path, {"inference_gpus": [[0]]})).engine == "vllm"
+    assert UpConfig.from_file(write(tmp_path, {"inference_gpus": [[0]], "engine": "hf"})).engine == "hf"
+    assert UpConfig.from_file(write(tmp_path, {})).engine == "hf"
+
+
 @pytest.mark.parametrize(
     ("up", "message"),
     [
