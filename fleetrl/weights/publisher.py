@@ -9,7 +9,9 @@ stops it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -132,10 +134,16 @@ class WeightPublisher(WeightStreamServer):
         self._bind_host = bind.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
         self._groups: dict[int, Any] = {}
         self.collective_senders: deque[Any] = deque(maxlen=8)  # the last groups opened (tests and benchmarks)
+        # The stager wakes the serving loop when a version is served (or failed), so that a fetch waiting for it is
+        # answered at once rather than at the loop's next poll timeout (up to 100 ms later).
+        self._wake_read, self._wake_write = os.pipe()
+        os.set_blocking(self._wake_read, False)
+        os.set_blocking(self._wake_write, False)
         try:
             self._start_serving(bind, start_timeout_s, "fleetrl-weight-publisher")
         except WeightTransferError:
             self._closed = True
+            os.close(self._wake_write)
             raise
 
     # -- public API ---------------------------------------------------------------------------
@@ -213,7 +221,10 @@ class WeightPublisher(WeightStreamServer):
         self._closed = True
         if self._stager is not None:  # a version being staged finishes first (its Future is someone's)
             self._stager.shutdown(wait=True)
+        self._stop.set()
+        self._wake()
         self._stop_serving(timeout_s)
+        os.close(self._wake_write)
         for sender in self._groups.values():  # the loop has stopped: no new group opens now
             sender.cancel(timeout_s)
         self._groups.clear()
@@ -318,6 +329,7 @@ class WeightPublisher(WeightStreamServer):
                 self._failed_stage = (version, exc)
                 if self._staging_version == version:
                     self._staging_version = None
+            self._wake()  # its waiting fetches are refused now
             raise
 
     def _finish_stage(
@@ -342,7 +354,13 @@ class WeightPublisher(WeightStreamServer):
         with self._lock:
             self._staging_version = None
             self._keep(version, snapshot)
+        self._wake()  # the fetches waiting for it are answered now
         return _logged(snapshot.manifest, started, " (staged in the background)")
+
+    def _wake(self) -> None:
+        # A full pipe: the loop is awake anyway; a closed one (the publisher was closed): nobody to wake.
+        with contextlib.suppress(OSError):
+            os.write(self._wake_write, b"!")
 
     def _keep(self, version: int, snapshot: Any) -> None:
         """Serve `snapshot` as `version`, keeping the newest `keep_versions` (the caller holds the lock)."""
@@ -351,6 +369,17 @@ class WeightPublisher(WeightStreamServer):
             self._versions.popitem(last=False)
 
     # -- serving: the shared loop (fleetrl.weights.server) asks for these ---------------------
+
+    def _wake_fd(self) -> int | None:
+        return self._wake_read
+
+    def _on_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_read, 4096):
+                pass
+
+    def _serve_finished(self) -> None:
+        os.close(self._wake_read)
 
     def _open_session(self, version: int) -> tuple[Manifest, bytes, Any]:
         with self._lock:

@@ -134,3 +134,20 @@ def test_staging_casts_floating_tensors_on_the_way():
     assert [v.dtype for v in views] == [torch.bfloat16, torch.int64, torch.bool]
     assert torch.equal(views[0], source[0].to(torch.bfloat16)) and torch.equal(views[1], source[1])
     assert staging.nbytes == 64 + 64 + 2  # 24 B of bfloat16 and 40 B of int64, each on a 64-byte boundary
+
+
+def test_a_fetch_waiting_for_a_staged_version_is_answered_when_it_is_served_not_at_the_next_poll(monkeypatch):
+    """The stager wakes the serving loop: with a poll timeout of ten minutes the waiting fetch still gets the version
+    as soon as it is served (before, the loop answered deferred fetches only when its poll timed out, 100 ms)."""
+    import fleetrl.weights.server
+
+    monkeypatch.setattr(fleetrl.weights.server, "_POLL_MS", 600_000)
+    live = _state_dict()
+    want = {k: v.clone() for k, v in live.items()}
+    with _GatedPublisher(chunk_bytes=CHUNK) as pub, ThreadPoolExecutor(1) as pool:
+        pub.publish(1, live, background=True)
+        fetched = pool.submit(fetch_weights, pub.address, 1, timeout_s=120)
+        wait_until(lambda: pub.counts["manifests_deferred"] >= 1, 30, "the fetch to wait for the staged version")
+        pub.gate.set()
+        _, got = fetched.result(timeout=120)
+    _assert_bit_exact(got, want)
