@@ -1,9 +1,11 @@
 """What `fleetrl up` prints before training: services starting (a spinner on a terminal, a line each elsewhere),
-then a table of the services it runs, where they listen and where their logs are."""
+then a table of the services it runs, where they listen and where their logs are; while it trains, the controller's
+liveness warnings (a peer silent inside a call: fleetrl.controller.liveness) copied from controller.log."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from fleetrl.up.supervisor import Child
@@ -84,3 +86,38 @@ class Startup:
         else:
             self.stream.write(f"{self.prefix}: {child.name} ready (log: {child.log_path})\n")
             self.stream.flush()
+
+
+LIVENESS_MARKER = " WARNING fleetrl.controller.liveness: "
+"""How a liveness warning's line reads in controller.log (fleetrl.telemetry's format: time, level, logger)."""
+
+
+class LogFollower:
+    """The lines appended to a service's log since the last call that contain `marker` (what follows the marker),
+    read from where the log ended when the follower was made; a log replaced or cut back is read from its start."""
+
+    def __init__(self, path: Path, marker: str = LIVENESS_MARKER) -> None:
+        self.path = path
+        self.marker = marker
+        try:
+            stat = path.stat()
+            self.offset, self.inode = stat.st_size, stat.st_ino
+        except FileNotFoundError:
+            self.offset, self.inode = 0, None
+
+    def new_lines(self) -> list[str]:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return []
+        if stat.st_ino != self.inode or stat.st_size < self.offset:
+            self.offset, self.inode = 0, stat.st_ino
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            chunk = fh.read()
+        complete, _, _ = chunk.rpartition(b"\n")
+        if not complete:
+            return []
+        self.offset += len(complete) + 1
+        lines = complete.decode("utf-8", errors="replace").splitlines()
+        return [line.split(self.marker, 1)[1] for line in lines if self.marker in line]

@@ -187,6 +187,10 @@ class Progress:
             self._start_bar(completed=step - 1)
         self._bar.update(self._task, completed=step, eta=eta, version=version, numbers=numbers)
 
+    def note(self, text: str) -> None:
+        """A line of its own above the bar (or among the step lines): a warning the user should see."""
+        self._print(text)
+
     def _print(self, text: str) -> None:
         if self._bar is not None:
             self._bar.console.print(text, highlight=False, markup=False)

@@ -43,7 +43,7 @@ from fleetrl.model_path import ModelNotFoundError, adapter_instead_of_model, che
 from fleetrl.trackers import TrackerError, check_trackers_available
 from fleetrl.up.auth import run_auth_token
 from fleetrl.up.config import UpConfig, load_run_and_up
-from fleetrl.up.console import Startup, print_services
+from fleetrl.up.console import LogFollower, Startup, print_services
 from fleetrl.up.cpu_threads import ThreadPlan, available_cpus, plan_threads, reproducible_math_env
 from fleetrl.up.inprocess_gateway import (
     InProcessGateway,
@@ -618,8 +618,11 @@ def _watch(
 ) -> int:
     metrics_path = progress.path
     restarts = replica_restarts = 0
+    liveness = LogFollower(controller.log_path) if controller is not None else None
     while True:
         progress.update()
+        for warning in liveness.new_lines() if liveness is not None else ():
+            progress.note(f"fleetrl up: controller: {warning}")
         if stop_requested:
             print(
                 f"\nfleetrl up: signal {stop_requested[0]}: stopping every service (the controller finishes its step, "

@@ -15,7 +15,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import grpc
 from fleetrl import metric_names as mn
 from fleetrl.controller.fleet import FORGET_AFTER_TIMEOUTS, GONE_CODE_NAMES, Load, ReplicaFleet
 from fleetrl.controller.lease_signal import LeaseSignal
+from fleetrl.controller.liveness import OverdueCall, watch_call
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.push_plan import PushSource
 from fleetrl.controller.push_queue import PushJob, PushQueue
@@ -246,6 +247,23 @@ class Orchestrator:
             self.trainer_waits += 1
             await asyncio.sleep(min(0.2, self.heartbeat_interval_s))
         return self.trainer_stub()
+
+    liveness_tick: Callable[[], Awaitable[object]] | None = None  # the watchdog's wake-up (None: every_s); tests
+
+    async def _watched(self, call: Awaitable[Any], what: str, kind: str) -> Any:
+        """`await call` to the `kind` member, warning every few seconds while it is out and that member has not
+        answered Status for 3 poll intervals (fleetrl.controller.liveness)."""
+        peers = [m for m in self.members.members.values() if m.kind == kind]
+        if not peers:
+            return await call
+        peer, every_s = peers[0], 3 * self.heartbeat_interval_s
+        rule = OverdueCall(what, f"the {kind} at {peer.address}", self.clock(), quiet_s=every_s, every_s=every_s)
+        tick = self.liveness_tick or (lambda: asyncio.sleep(every_s))
+
+        def silent() -> float:  # the entry now under its id (a restarted process replaces it)
+            return self.clock() - self.members.members.get(peer.member_id, peer).last_seen
+
+        return await watch_call(call, rule, clock=self.clock, silent_s=silent, tick=tick)
 
     async def close(self) -> None:
         for channel in self._channels.values():
@@ -482,7 +500,8 @@ class Orchestrator:
             superseded=[trainer_pb2.GroupRef(row_id=r, attempt=a) for r, a in self.scheduler.take_superseded()],
         )
         try:
-            reply = await (await self.live_trainer_stub()).TrainStep(request, timeout=self.train_step_timeout_s)
+            call = (await self.live_trainer_stub()).TrainStep(request, timeout=self.train_step_timeout_s)
+            reply = await self._watched(call, f"TrainStep(step {step.step})", "trainer")
         except grpc.aio.AioRpcError as exc:
             lost = lost_groups(exc, step)
             if lost is None:

@@ -50,3 +50,37 @@ def test_startup_says_what_it_waits_for_one_line_each_off_a_terminal():
         "fleetrl up: waiting for trainer to start",
         "fleetrl up: trainer ready (log: /runs/x/trainer.log)",
     ]
+
+
+def test_the_controllers_liveness_warnings_are_followed_in_its_log(tmp_path):
+    """`fleetrl up` copies the controller's liveness warnings (a trainer silent inside a TrainStep) to its console:
+    the lines as the controller's logging writes them, only those, only new ones, only whole ones."""
+    import logging
+
+    from fleetrl.controller import liveness
+    from fleetrl.telemetry import LOG_FORMAT
+    from fleetrl.up.console import LogFollower
+
+    path = tmp_path / "controller.log"
+    path.write_text("2026-11-29 06:00:00,000 WARNING fleetrl.controller.liveness: an old run's warning\n")
+    follower = LogFollower(path)  # made as the run starts: what the log held before is not shown
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))  # the controller's format (fleetrl.telemetry.setup_logging)
+    for name in ("fleetrl.controller.liveness", "fleetrl.services.controller.orchestrator"):
+        logging.getLogger(name).addHandler(handler)
+    try:
+        liveness.log.warning("TrainStep(step 3) to the trainer at t:1: no reply after 12 s")
+        logging.getLogger("fleetrl.services.controller.orchestrator").warning("something else")
+        liveness.log.info("not a warning")
+    finally:
+        for name in ("fleetrl.controller.liveness", "fleetrl.services.controller.orchestrator"):
+            logging.getLogger(name).removeHandler(handler)
+        handler.close()
+    assert follower.new_lines() == ["TrainStep(step 3) to the trainer at t:1: no reply after 12 s"]
+    assert follower.new_lines() == []
+    with open(path, "a") as fh:
+        fh.write("2026-11-29 06:00:09,000 WARNING fleetrl.controller.liveness: half a li")
+    assert follower.new_lines() == []  # written in part: shown once whole
+    with open(path, "a") as fh:
+        fh.write("ne\n")
+    assert follower.new_lines() == ["half a line"]
