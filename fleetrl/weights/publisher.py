@@ -35,7 +35,7 @@ from fleetrl.weights.collective_plan import (
 from fleetrl.weights.errors import WeightTransferError
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
 from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
-from fleetrl.weights.staging import HostStaging
+from fleetrl.weights.staging import HostStaging, ServedBuffers
 from fleetrl.weights.timeouts import transfer_timeout_s
 
 __all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
@@ -121,6 +121,7 @@ class WeightPublisher(WeightStreamServer):
         self._closed = False
         # Background publishing: one staged version at a time (guarded by _lock where the loop reads it).
         self._staging = HostStaging()
+        self._served = ServedBuffers()  # the stager's copies of the versions it serves (stager thread only)
         self._stager: ThreadPoolExecutor | None = None
         self._staged: Future[Manifest] | None = None
         self._staging_version: int | None = None
@@ -164,6 +165,11 @@ class WeightPublisher(WeightStreamServer):
     def staging_allocations(self) -> int:
         """How many times the staging buffers were allocated (once while the tensors' sizes stay the same)."""
         return self._staging.allocations
+
+    @property
+    def served_allocations(self) -> int:
+        """How many sets of served buffers the stager allocated (keep_versions + 1 while sizes stay the same)."""
+        return self._served.allocations
 
     def version_bytes(self, version: int) -> int:
         """Bytes `version` moves on the stream (served, or being staged); 0 for a version this publisher lacks."""
@@ -345,12 +351,9 @@ class WeightPublisher(WeightStreamServer):
         """In the stager thread: the served copy of a staged version, its checksums, then serving."""
         if ready is not None:
             ready.synchronize()
-        tensors = []
-        for view in views:  # already in the served dtype: the staging copy cast them
-            copy = torch.empty(tuple(view.shape), dtype=view.dtype)
-            copy.copy_(view)
-            tensors.append(copy)
-        snapshot = _build_snapshot(version, names, tensors, adapter)
+        # Already in the served dtype (the staging copy cast them): copied into reused memory, never fresh.
+        tensors, payloads = self._served.copy(views)
+        snapshot = _build_snapshot(version, names, tensors, adapter, payloads)
         with self._lock:
             self._staging_version = None
             self._keep(version, snapshot)
@@ -465,16 +468,21 @@ def _check_state_dict(state_dict: Mapping[str, torch.Tensor], float_dtype: torch
 
 
 def _build_snapshot(
-    version: int, names: list[str], tensors: list[torch.Tensor], adapter: Mapping[str, Any] | None
+    version: int,
+    names: list[str],
+    tensors: list[torch.Tensor],
+    adapter: Mapping[str, Any] | None,
+    payloads: list[memoryview] | None = None,
 ) -> _Snapshot:
-    """The served form of contiguous CPU tensors: manifest (checksums computed), encoded manifest, payload views."""
+    """The served form of contiguous CPU tensors: manifest (checksums computed), encoded manifest, payload views
+    (given, or made here)."""
     manifest = Manifest.build(
         version, tuple(spec_for_tensor(n, t) for n, t in zip(names, tensors, strict=True)), adapter
     )
     return _Snapshot(
         manifest=manifest,
         manifest_bytes=encode_manifest(manifest),
-        payloads=tuple(tensor_bytes(t) for t in tensors),
+        payloads=tuple(tensor_bytes(t) for t in tensors) if payloads is None else tuple(payloads),
         tensors=tuple(tensors),
     )
 

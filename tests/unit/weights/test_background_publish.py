@@ -151,3 +151,33 @@ def test_a_fetch_waiting_for_a_staged_version_is_answered_when_it_is_served_not_
         pub.gate.set()
         _, got = fetched.result(timeout=120)
     _assert_bit_exact(got, want)
+
+
+def test_served_versions_reuse_their_memory_but_never_one_a_fetch_still_reads():
+    """The stager's copies go into reused buffers (fresh memory for each version cost a page fault per 4 KiB:
+    docs/benchmarks.md, "The CPU weight path, before and after"): three sets for keep_versions 2 over many
+    versions. A fetch of an old version still open keeps that version's memory: it reads the right bytes to the
+    end while newer versions are published."""
+    from fleetrl.weights import iter_weights
+
+    with WeightPublisher(chunk_bytes=CHUNK, keep_versions=2) as pub:
+        pub.publish(1, _state_dict(1), background=True).result(timeout=60)
+        held = iter(iter_weights(pub.address, 1))
+        first = next(held)
+        for version in range(2, 8):
+            pub.publish(version, _state_dict(version), background=True).result(timeout=60)
+            _, got = fetch_weights(pub.address, version)
+            _assert_bit_exact(got, {k: v.contiguous() for k, v in _state_dict(version).items()})
+        # Three in turn and version 1's, which the open fetch holds (one more if ZeroMQ had not yet let go of a reply).
+        assert 4 <= pub.served_allocations <= 5
+        rest = dict([first, *held])
+    _assert_bit_exact(rest, {k: v.contiguous() for k, v in _state_dict(1).items()})
+
+
+def test_three_sets_of_served_buffers_serve_any_number_of_versions():
+    with WeightPublisher(chunk_bytes=CHUNK, keep_versions=2) as pub:
+        for version in range(1, 13):
+            pub.publish(version, _state_dict(version), background=True).result(timeout=60)
+            _, got = fetch_weights(pub.address, version)
+            _assert_bit_exact(got, {k: v.contiguous() for k, v in _state_dict(version).items()})
+        assert 3 <= pub.served_allocations <= 4  # not one per version (one more if ZeroMQ still held a reply)
