@@ -9,6 +9,13 @@ evicts its other attempts. A group no step has named for `max_age_steps` steps i
 legitimate group is named within a few steps of arriving, so what stays is stray or forged (the run's token is in the
 gateway's environment, so user code can send groups for rows never leased) and would otherwise hold the buffer full
 for good; if a real one is ever evicted, the step that names it finds it lost and the controller leases the row again.
+
+The buffer's `capacity` is shared fairly between the groups' sources (gateway ids): when it is full, a group from a
+source holding less than its share (capacity / sources buffering) takes the place of the newest group of the source
+holding the most, so a flood from one sender cannot crowd out the others. Every group refused or evicted (full,
+unclaimed, another source's share) is remembered by its (row, attempt, tag): a step that names one fails at once
+(`RefusedGroupsError`, a `MissingGroupsError`) instead of waiting out its timeout for a group that was sent once and
+will not come, and the controller leases the row again at once.
 """
 
 from __future__ import annotations
@@ -43,6 +50,23 @@ class MissingGroupsError(TimeoutError):
         self.missing = [r for r, _ in missing]
 
 
+class RefusedGroupsError(MissingGroupsError):
+    """A step asked for groups this buffer had refused or evicted: they will not arrive (a gateway sends once)."""
+
+    def __init__(self, refused: Sequence[GroupKey], reasons: Sequence[str]) -> None:
+        shown = ", ".join(str(r) if a == 0 else f"{r}#{a}" for r, a in list(refused)[:20])
+        more = f" (+{len(refused) - 20} more)" if len(refused) > 20 else ""
+        why = ", ".join(sorted(set(reasons)))
+        TimeoutError.__init__(
+            self, f"groups of rows [{shown}]{more} did not arrive: the trainer refused them ({why}); lease them again"
+        )
+        self.missing = [r for r, _ in refused]
+
+
+MAX_REFUSED_REMEMBERED = 100_000
+"""Refused groups remembered at most (the oldest forgotten first): a flood cannot grow the memory without bound."""
+
+
 class GroupBuffer:
     """Groups by (row id, attempt), in arrival order."""
 
@@ -56,6 +80,10 @@ class GroupBuffer:
         self.superseded = 0  # groups evicted or refused because the controller superseded their attempt
         self.refused_full = 0  # groups refused because the buffer held `capacity` groups
         self.evicted_unclaimed = 0  # groups no step named for max_age_steps steps (stray, forged, lost track of)
+        self.evicted_for_share = 0  # groups of the source holding the most, evicted for one under its fair share
+        self._refused: OrderedDict[tuple[int, int, int], str] = OrderedDict()  # stored key -> why refused
+        self._refused_by_row: dict[int, set[tuple[int, int, int]]] = {}  # the same keys by row id
+        self._per_source: dict[str, int] = {}  # buffered groups per source
         self.steps = 0  # steps ended (`end_step`)
         self._arrived: dict[tuple[int, int, int], int] = {}  # stored key -> `steps` when it arrived
 
@@ -75,12 +103,64 @@ class GroupBuffer:
                 self.duplicates += 1
                 return False
             if self.capacity is not None and len(self._groups) >= self.capacity:
-                self.refused_full += 1
-                return False
+                victim = self._share_victim(group.source)
+                if victim is None:
+                    self.refused_full += 1
+                    self._refuse(_stored(group), f"buffer full, {group.source or 'its sender'} holding its share")
+                    return False
+                self._drop(victim)
+                self._refuse(victim, f"evicted for another sender's share of the buffer ({self.capacity} groups)")
+                self.evicted_for_share += 1
             self._groups[_stored(group)] = group
             self._arrived[_stored(group)] = self.steps
+            self._per_source[group.source] = self._per_source.get(group.source, 0) + 1
+            self._forget_refusal(_stored(group))
             self._cond.notify_all()
             return True
+
+    def _share_victim(self, source: str) -> tuple[int, int, int] | None:
+        """With the buffer full: the group to evict for a group from `source` (the newest of the source holding
+        the most), or None when `source` already holds its fair share (capacity / sources buffering)."""
+        assert self.capacity is not None
+        sources = set(self._per_source) | {source}
+        share = max(self.capacity // len(sources), 1)
+        if self._per_source.get(source, 0) >= share:
+            return None
+        biggest = max(self._per_source, key=lambda s: self._per_source[s])
+        return next(k for k in reversed(self._groups) if self._groups[k].source == biggest)
+
+    def _drop(self, key: tuple[int, int, int]) -> None:
+        group = self._groups.pop(key, None)
+        self._arrived.pop(key, None)
+        if group is not None:
+            left = self._per_source.get(group.source, 0) - 1
+            if left > 0:
+                self._per_source[group.source] = left
+            else:
+                self._per_source.pop(group.source, None)
+
+    def _refuse(self, key: tuple[int, int, int], reason: str) -> None:
+        self._refused[key] = reason
+        self._refused.move_to_end(key)
+        self._refused_by_row.setdefault(key[0], set()).add(key)
+        while len(self._refused) > MAX_REFUSED_REMEMBERED:
+            oldest, _ = self._refused.popitem(last=False)
+            self._forget_refusal(oldest)
+
+    def _forget_refusal(self, key: tuple[int, int, int]) -> None:
+        self._refused.pop(key, None)
+        keys = self._refused_by_row.get(key[0])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._refused_by_row[key[0]]
+
+    def _refusal(self, row_id: int, attempt: int, tag: int) -> str | None:
+        """Why a group matching the row, attempt and tag (when set) was refused; None when none was."""
+        for r, a, t in self._refused_by_row.get(row_id, ()):
+            if (not attempt or a == attempt) and (not tag or t == tag):
+                return self._refused[(r, a, t)]
+        return None
 
     def end_step(self, max_age_steps: int) -> int:
         """A step ended: evict the groups that have waited more than `max_age_steps` steps without being named;
@@ -89,8 +169,8 @@ class GroupBuffer:
             self.steps += 1
             old = [k for k, arrived in self._arrived.items() if self.steps - arrived > max_age_steps]
             for key in old:
-                self._groups.pop(key, None)
-                del self._arrived[key]
+                self._drop(key)
+                self._refuse(key, f"no step named it for {max_age_steps} steps")
             self.evicted_unclaimed += len(old)
         if old:
             log.warning(
@@ -109,8 +189,7 @@ class GroupBuffer:
             self._superseded |= superseded
             dropped = [k for k in self._groups if k[:2] in superseded]
             for key in dropped:
-                del self._groups[key]
-                self._arrived.pop(key, None)
+                self._drop(key)
             self.superseded += len(dropped)
         return len(dropped)
 
@@ -136,9 +215,13 @@ class GroupBuffer:
         with self._cond:
             while True:
                 live = [ref for ref in wanted if not self._is_trained(ref[0])]
-                missing = [(r, a) for r, a, t in live if self._find(r, a, t) is None]
+                absent = [(r, a, t) for r, a, t in live if self._find(r, a, t) is None]
+                missing = [(r, a) for r, a, _ in absent]
                 if not missing:
                     return [g for ref in live if (g := self._find(*ref)) is not None]
+                refused = [(ref[:2], why) for ref in absent if (why := self._refusal(*ref)) is not None]
+                if refused:  # sent once and refused: waiting cannot bring them
+                    raise RefusedGroupsError([key for key, _ in refused], [why for _, why in refused])
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise MissingGroupsError(missing, timeout_s)
@@ -163,6 +246,8 @@ class GroupBuffer:
         rows = set(row_ids)
         with self._cond:
             for key in [k for k in self._groups if k[0] in rows]:
-                del self._groups[key]
-                self._arrived.pop(key, None)
+                self._drop(key)
+            for row_id in rows & set(self._refused_by_row):
+                for key in list(self._refused_by_row[row_id]):
+                    self._forget_refusal(key)
             self._superseded = {k for k in self._superseded if k[0] not in rows}
