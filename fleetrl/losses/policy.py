@@ -30,6 +30,7 @@ def _check_inputs(
     mask: torch.Tensor,
     ref_logprobs: torch.Tensor | None,
     versions: torch.Tensor | None = None,
+    mask_values_checked: bool = False,
 ) -> None:
     named = {
         "logprobs": logprobs,
@@ -64,7 +65,7 @@ def _check_inputs(
     for key, value in named.items():
         if value.device != logprobs.device:
             raise ValueError(f"{key} is on {value.device} but logprobs is on {logprobs.device}")
-    if mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
+    if not mask_values_checked and mask.numel() and not bool(((mask == 0) | (mask == 1)).all()):
         raise ValueError("mask must hold only 0 and 1")
 
 
@@ -106,6 +107,36 @@ def policy_loss(
         mask,
         ref_logprobs=ref_logprobs,
         versions=versions,
+    )
+
+
+def policy_loss_on_device(
+    name: str,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None = None,
+    cfg: object | None = None,
+    versions: torch.Tensor | None = None,
+    mask_values_checked: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`policy_loss` with its metrics as 0-dim tensors on the loss's device (no host sync): the trainer sums a
+    minibatch's micro-batches there and reads them once. `mask_values_checked`: the caller checked on the host that
+    the mask holds only 0 and 1 (that check here would read the device)."""
+    return compute_policy_loss_on_device(
+        name,
+        loss_function(name),
+        resolve_loss_settings(name, cfg),
+        logprobs,
+        old_logprobs,
+        rollout_logprobs,
+        advantages,
+        mask,
+        ref_logprobs=ref_logprobs,
+        versions=versions,
+        mask_values_checked=mask_values_checked,
     )
 
 
@@ -154,7 +185,40 @@ def compute_policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`policy_loss` with the loss function and its resolved settings given: sanitise the inputs, compute the
     TIS weights, call `fn`, aggregate (unless `fn` takes over aggregation) and build the metrics."""
-    _check_inputs(logprobs, old_logprobs, rollout_logprobs, advantages, mask, ref_logprobs, versions)
+    loss, on_device = compute_policy_loss_on_device(
+        name,
+        fn,
+        settings,
+        logprobs,
+        old_logprobs,
+        rollout_logprobs,
+        advantages,
+        mask,
+        ref_logprobs=ref_logprobs,
+        versions=versions,
+    )
+    values = torch.stack(list(on_device.values())).tolist()
+    return loss, dict(zip(on_device, (float(v) for v in values), strict=True))
+
+
+def compute_policy_loss_on_device(
+    name: str,
+    fn: CustomLoss,
+    settings: LossSettings,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logprobs: torch.Tensor | None = None,
+    versions: torch.Tensor | None = None,
+    mask_values_checked: bool = False,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """`compute_policy_loss` with its metrics left on the loss's device (0-dim tensors): no host sync, so a
+    trainer can read a whole minibatch's metrics at once."""
+    _check_inputs(
+        logprobs, old_logprobs, rollout_logprobs, advantages, mask, ref_logprobs, versions, mask_values_checked
+    )
     own = takes_over(fn)
     builtin = name in LOSS_NAMES
 
@@ -225,5 +289,4 @@ def compute_policy_loss(
             stats["reverse_kl"] = old - ref  # the single-sample reverse KL(student || teacher) per token
         stats.update(token_loss.extra_BT)
         means = torch.stack([masked_mean(v.detach().to(dtype), mask_f) for v in stats.values()])
-        metrics = dict(zip(stats, (float(v) for v in means.tolist()), strict=True))
-    return loss, metrics
+    return loss, dict(zip(stats, means.unbind(), strict=True))

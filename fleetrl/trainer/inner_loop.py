@@ -28,14 +28,15 @@ import torch
 
 from fleetrl import metric_names as mn
 from fleetrl.config import wants_reference_logprobs
-from fleetrl.losses import policy_loss, resolve_loss_settings
+from fleetrl.losses import resolve_loss_settings
+from fleetrl.losses.policy import policy_loss_on_device
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer.datum import Datum, collate
 from fleetrl.trainer.logprobs import pack, packed_logprobs, padded_logprobs, set_activation_checkpointing
 from fleetrl.trainer.minibatches import (
     SampleFigures,
     balance_by_tokens,
-    part_loss_scale,
+    part_loss_scale_of_counts,
     split_even,
     token_micro_batches,
 )
@@ -88,6 +89,12 @@ class PendingRef:
             self._rows = self._load()
             self._timers["ref_wait"] = self._timers.get("ref_wait", 0.0) + time.perf_counter() - started
         return self._rows
+
+
+def _mask_is_binary(micro: Sequence[Datum]) -> bool:
+    """Whether every weight of `micro` is 0 or 1 (checked on the host; the loss then need not read the device).
+    False lets the loss check, and refuse, the mask."""
+    return all(w in (0, 1) for d in micro for w in d.weights)
 
 
 def _figures_of(datums: Sequence[Datum] | Mapping[int, Datum], samples: Sequence[int]) -> SampleFigures:
@@ -342,7 +349,14 @@ class InnerLoop:
         totals = figures.totals(samples)
         settings = self._loss_settings(figures.width(samples))
         world = self.ctx.world_size
-        sums: dict[str, float] = {"_loss": 0.0, "_tokens": 0.0}
+        # Every figure stays on the device until the minibatch ends, then one read (one host sync per minibatch,
+        # not several per micro-batch); token counts and loss scales come from the host's figures.
+        on_device: dict[str, torch.Tensor] = {}
+        tokens_total = 0.0
+
+        def add(key: str, value: torch.Tensor) -> None:
+            on_device[key] = on_device[key] + value if key in on_device else value
+
         for micro in self._my_micro_batches(samples, figures):
             batch, n, micro_datums = self._collate(datums, micro)
             mask = batch.mask_BT.to(self.device)
@@ -361,7 +375,7 @@ class InnerLoop:
                 else None
             )
             adv = advantages[list(micro)].to(self.device) if n else torch.zeros(1, device=self.device)
-            loss, loss_metrics = policy_loss(
+            loss, loss_metrics = policy_loss_on_device(
                 self.loss_name,
                 logprobs,
                 old_BT,
@@ -371,17 +385,22 @@ class InnerLoop:
                 ref_logprobs=ref_BT if wants_reference_logprobs(self.cfg) else None,
                 cfg=settings,
                 versions=batch.versions_BT.to(self.device) if batch.versions_BT is not None else None,
+                mask_values_checked=_mask_is_binary(micro_datums),
             )
-            scale = part_loss_scale(settings.loss_agg_mode, mask, totals)
+            counts = [figures.trainable[i] for i in micro]  # each sequence's mask sum, known on the host
+            scale = part_loss_scale_of_counts(settings.loss_agg_mode, counts, totals)
             # FSDP averages gradients over ranks; scaling by the world size turns that into a sum.
             (loss * (scale * world)).backward()
-            tokens = float(mask.sum())
-            sums["_loss"] += float(loss.detach()) * scale
-            sums["_tokens"] += tokens
+            tokens = float(sum(counts))
+            tokens_total += tokens
+            add("_loss", loss.detach().float() * scale)
             for key, value in loss_metrics.items():
-                sums[f"_tok/{key}"] = sums.get(f"_tok/{key}", 0.0) + value * tokens
+                add(f"_tok/{key}", value.float() * tokens)
             assert entropy is not None
-            sums["_tok/entropy"] = sums.get("_tok/entropy", 0.0) + float((entropy * mask).sum())
+            add("_tok/entropy", (entropy.float() * mask).sum())
+        names = sorted(on_device)
+        values = torch.stack([on_device[k] for k in names]).tolist() if names else []  # the one host sync
+        sums: dict[str, float] = {"_loss": 0.0, **dict(zip(names, values, strict=True)), "_tokens": tokens_total}
         keys = sorted(sums)
         reduced = fdist.all_reduce_sum([sums[k] for k in keys], self.ctx)
         self.timers["fwd_bwd"] = self.timers.get("fwd_bwd", 0.0) + time.perf_counter() - started

@@ -153,3 +153,16 @@ def part_loss_scale(mode: str, part_mask_BT: torch.Tensor, totals: Totals) -> fl
         sequences = float((part_mask_BT.sum(dim=-1) > 0).sum())
         return sequences / totals.sequences if totals.sequences else 0.0
     raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
+
+def part_loss_scale_of_counts(mode: str, part_counts: Sequence[int], totals: Totals) -> float:
+    """`part_loss_scale` from the part's trainable-token count per sequence (`SampleFigures.trainable`) instead of
+    its mask: the same factor, read on the host, so the trainer needs no device sync for it."""
+    if mode == "sum":
+        return 1.0
+    if mode == "token-mean":
+        return float(sum(part_counts)) / totals.tokens if totals.tokens else 0.0
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        sequences = float(sum(1 for c in part_counts if c > 0))
+        return sequences / totals.sequences if totals.sequences else 0.0
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
