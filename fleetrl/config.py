@@ -47,6 +47,11 @@ class Config(BaseModel):
         description="Trainer weight (master) dtype, also that of the gradients and AdamW state. bfloat16 is pure "
         "bf16: updates smaller than a weight's rounding step (lr ~1e-6) are lost (docs/trainer.md).",
     )
+    export_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="Dtype of the final HF export: auto = inference_dtype if set, else dtype. At world size > 1 "
+        "every rank writes its own shards (torch.distributed.checkpoint's HF writer); no rank gathers the model.",
+    )
     optimizer_state_dtype: Literal["float32", "bfloat16"] = Field(
         "float32",
         description="Dtype of the AdamW moments: bfloat16 over float32 master weights stores 12 bytes a parameter "

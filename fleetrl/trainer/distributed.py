@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -168,6 +169,39 @@ def full_state_dict(model: torch.nn.Module, ctx: DistContext) -> dict[str, torch
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_model_state_dict(model, options=options)
+
+
+EXPORT_FILE_BYTES = 5 << 30  # HF's own shard size for save_pretrained
+
+
+def export_sharded_hf(model: torch.nn.Module, out: Path, dtype: torch.dtype, ctx: DistContext) -> None:
+    """Write the model's weights in HF safetensors format from every rank's own shards (torch.distributed.checkpoint's
+    HuggingFaceStorageWriter): each rank writes its shards cast to `dtype`, then rank 0 consolidates them file by file
+    into `out` (5 GiB files and an index, or one model.safetensors), reading from disk: no rank gathers the model in
+    memory. Every rank must call it; config and tokenizer are the caller's."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    state = {name: tensor.detach().to(dtype) for name, tensor in get_model_state_dict(model).items()}
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    mapping, index, filled = {}, 1, 0
+    for name, tensor in state.items():
+        size = tensor.numel() * itemsize
+        if filled and filled + size > EXPORT_FILE_BYTES:
+            index, filled = index + 1, 0
+        mapping[name], filled = index, filled + size
+    writer = dcp.HuggingFaceStorageWriter(
+        str(out), fqn_to_index_mapping=mapping, save_distributed=True, enable_consolidation=True
+    )
+    dcp.save(state, storage_writer=writer)
+    if ctx.is_main:
+        shutil.rmtree(out / "sharded", ignore_errors=True)
+        if index == 1:  # one file: named as save_pretrained names it
+            (out / "model-00001-of-00001.safetensors").rename(out / "model.safetensors")
+            (out / "model.safetensors.index.json").unlink(missing_ok=True)
+    barrier(ctx)
 
 
 @dataclass

@@ -25,6 +25,7 @@ header.
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -348,12 +349,14 @@ class PolicyTrainer:
         fdist.broadcast_json({"op": "checkpoint", "data_position": data_position}, self.ctx)
         return self._do_checkpoint(data_position)
 
-    def export_hf(self, output_dir: str | Path | None = None) -> Path:
-        """Save the policy in HF format (save_pretrained + tokenizer), loadable by inference."""
+    def export_hf(self, output_dir: str | Path | None = None, dtype: str | None = None) -> Path:
+        """Save the policy in HF format (weights in `dtype`, default `export_dtype(cfg)`, config and tokenizer),
+        loadable by inference."""
         self._require_main("export_hf")
         out = str(output_dir or self.output_dir)
-        fdist.broadcast_json({"op": "export", "output_dir": out}, self.ctx)
-        return self._do_export(Path(out))
+        dtype = dtype or export_dtype(self.cfg)
+        fdist.broadcast_json({"op": "export", "output_dir": out, "dtype": dtype}, self.ctx)
+        return self._do_export(Path(out), dtype)
 
     def resume(self, path: str | Path | None = None) -> bool:
         """Restore the latest whole checkpoint (or `path`); False when there is none to resume. A damaged latest is
@@ -400,7 +403,7 @@ class PolicyTrainer:
             elif op == "checkpoint":
                 self._do_checkpoint(cmd["data_position"])
             elif op == "export":
-                self._do_export(Path(cmd["output_dir"]))
+                self._do_export(Path(cmd["output_dir"]), cmd["dtype"])
             elif op == "resume":
                 self._do_resume(cmd["path"])
             else:
@@ -676,23 +679,25 @@ class PolicyTrainer:
         self.last_publish = None
         return True
 
-    def _do_export(self, out: Path) -> Path:
+    def _do_export(self, out: Path, dtype_name: str) -> Path:
         if self.adapter_config is not None:
             return self._do_export_adapter(out)
-        state_dict = fdist.full_state_dict(self.model, self.ctx)
+        dtype = torch_dtype(dtype_name)
+        if self.ctx.enabled:
+            # Every rank writes its own shards (no rank gathers the model); rank 0 adds the config.
+            out.mkdir(parents=True, exist_ok=True)
+            fdist.export_sharded_hf(self.model, out, dtype, self.ctx)
         if self.ctx.is_main:
             out.mkdir(parents=True, exist_ok=True)
             if self.ctx.enabled:
-                # A sharded model's class is FSDP-wrapped; save through a plain instance so the
-                # exported config names the real architecture.
-                from transformers import AutoModelForCausalLM
-
-                with torch.device("meta"):
-                    plain = AutoModelForCausalLM.from_config(self.model_config)
-                plain.load_state_dict(state_dict, assign=True)
-                plain.save_pretrained(out)
+                config = copy.deepcopy(self.model_config)
+                config.dtype = dtype
+                config.save_pretrained(out)
+                if getattr(self.model, "generation_config", None) is not None:
+                    self.model.generation_config.save_pretrained(out)
             else:
-                self.model.save_pretrained(out)
+                state = {k: v.to(dtype) for k, v in self.model.state_dict().items()}
+                self.model.save_pretrained(out, state_dict=state)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(out)
             logger.info("exported version %d in HF format to %s", self.version, out)
@@ -713,6 +718,13 @@ class PolicyTrainer:
             logger.info("exported version %d as a LoRA adapter to %s", self.version, out)
         fdist.barrier(self.ctx)
         return out
+
+
+def export_dtype(cfg: Any) -> str:
+    """The dtype the HF export is written in: `export_dtype`, or with "auto" the dtype the replicas serve
+    (`inference_dtype`), else the master weights' (`dtype`)."""
+    chosen = getattr(cfg, "export_dtype", "auto")
+    return cfg.inference_dtype or cfg.dtype if chosen == "auto" else chosen
 
 
 def _flat_samples(batch: StepBatch, indices: Sequence[int]) -> dict[str, torch.Tensor]:

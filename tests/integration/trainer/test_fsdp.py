@@ -313,3 +313,42 @@ def test_cpu_offload_and_bfloat16_moments_train_like_the_default_on_two_ranks(ti
     assert torch.allclose(update("cpu_offload"), reference, atol=1e-6)
     cosine = torch.nn.functional.cosine_similarity(update("bf16_moments"), reference, dim=0)
     assert cosine > 0.99, float(cosine)
+
+
+def _export_worker(rank: int, world: int, port: int, model_dir: str, workdir: str) -> None:
+    ctx = rank_context(rank, world, port)
+    trainer = PolicyTrainer(make_cfg(model_dir, f"{workdir}/export", **SETTINGS), dist_ctx=ctx, micro_batch_size=2)
+    try:
+        if rank == 0:
+            groups = list(read_groups_jsonl(f"{workdir}/groups.jsonl"))
+            trainer.train_step(groups[:2])
+            trainer.export_hf(f"{workdir}/export_fp32")
+            trainer.export_hf(f"{workdir}/export_bf16", dtype="bfloat16")
+            trainer.stop_followers()
+        else:
+            trainer.follow()
+    finally:
+        destroy(ctx)
+    end_rank()
+
+
+def test_two_ranks_export_bfloat16_from_their_own_shards(tiny_model_dir, tmp_path, free_port):
+    """The HF export at world size > 1 goes through torch.distributed.checkpoint's HF writer (each rank writes its
+    shards, rank 0 consolidates from disk): a bfloat16 export loads in transformers with the float32 export's logits
+    up to bfloat16 rounding, and leaves no shard folder behind."""
+    from transformers import AutoModelForCausalLM
+
+    write_groups_jsonl(tmp_path / "groups.jsonl", tiny_groups(tiny_model_dir, num_groups=2))
+    mp.spawn(_export_worker, args=(2, free_port, tiny_model_dir, str(tmp_path)), nprocs=2, join=True)
+    bf16 = load_file(tmp_path / "export_bf16" / "model.safetensors")
+    assert {t.dtype for t in bf16.values()} == {torch.bfloat16}
+    assert not (tmp_path / "export_bf16" / "sharded").exists()
+    models = {
+        name: AutoModelForCausalLM.from_pretrained(tmp_path / f"export_{name}", dtype=torch.float32)
+        for name in ("fp32", "bf16")
+    }
+    assert json.loads((tmp_path / "export_bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+    tokens = torch.tensor([[1, 5, 9, 14, 3, 7]])
+    logits = {name: model(input_ids=tokens).logits for name, model in models.items()}
+    assert torch.allclose(logits["bf16"], logits["fp32"], atol=5e-2, rtol=5e-2)
+    assert not torch.equal(logits["bf16"], logits["fp32"])  # it really is the bf16 copy
