@@ -5,7 +5,8 @@ seconds naming the peer, the call and how long it has been silent.
 for `quiet_s` while the call is out, then every `every_s`. `watch_call` runs it beside an awaited call: a watchdog
 task wakes at each `tick()` (a sleep of `every_s` in service; a test's event), asks the rule, and logs on this module's
 logger, `fleetrl.controller.liveness`, whose WARNING lines `fleetrl up` copies from controller.log to its console
-(fleetrl.up.console.LogFollower).
+(fleetrl.up.console.LogFollower). `SilentLeaseHolders` is the same rule for a gateway that holds leased rows and
+has stopped heartbeating.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,37 @@ class OverdueCall:
             f"{self.what} to {self.peer}: no reply after {now - self.started:.0f} s, and it has not answered Status "
             f"for {silent_s:.0f} s (stopped, swapping or hung?); still waiting"
         )
+
+
+@dataclass
+class SilentLeaseHolders:
+    """Gateways that hold leased rows and have stopped heartbeating: a warning once one has been silent `quiet_s`,
+    then every `every_s` while it holds rows and stays silent (pure: `check` is fed the clock's reading and, per
+    gateway holding rows, its seconds of silence, the rows it holds and the soonest lease deadline)."""
+
+    quiet_s: float
+    every_s: float
+    _last: dict[str, float] = field(default_factory=dict)
+
+    def check(self, now: float, holders: dict[str, tuple[float, list[int], float]]) -> list[str]:
+        out = []
+        for gateway_id in set(self._last) - set(holders):
+            del self._last[gateway_id]
+        for gateway_id, (silent_s, rows, deadline) in sorted(holders.items()):
+            if silent_s < self.quiet_s:
+                self._last.pop(gateway_id, None)
+                continue
+            last = self._last.get(gateway_id)
+            if last is not None and now - last < self.every_s:
+                continue
+            self._last[gateway_id] = now
+            shown = ", ".join(map(str, sorted(rows)[:10])) + (f" (+{len(rows) - 10} more)" if len(rows) > 10 else "")
+            out.append(
+                f"gateway {gateway_id} holds {len(rows)} leased rows [{shown}] and has not sent a heartbeat for "
+                f"{silent_s:.0f} s (stopped, hung or cut off?); its rows go back to the queue when it misses "
+                f"heartbeat_timeout_s, or in {max(deadline - now, 0):.0f} s when the first lease expires"
+            )
+        return out
 
 
 async def watch_call(

@@ -24,7 +24,8 @@ import grpc
 from fleetrl import metric_names as mn
 from fleetrl.controller.fleet import FORGET_AFTER_TIMEOUTS, GONE_CODE_NAMES, Load, ReplicaFleet
 from fleetrl.controller.lease_signal import LeaseSignal
-from fleetrl.controller.liveness import OverdueCall, watch_call
+from fleetrl.controller.liveness import OverdueCall, SilentLeaseHolders, watch_call
+from fleetrl.controller.liveness import log as liveness_log
 from fleetrl.controller.members import Member, MemberRegistry
 from fleetrl.controller.push_plan import PushSource
 from fleetrl.controller.push_queue import PushJob, PushQueue
@@ -151,6 +152,8 @@ class Orchestrator:
         self.completed = False  # ... because the run is over (trained, exported): gateways exit 0 (run_finished)
         self.export_path = ""  # where the trainer exported the final model (once finished)
         self.trainer_waits = 0  # checks that found the trainer silent and waited for it (live_trainer_stub)
+        every_s = 3 * config.heartbeat_interval_s  # gateways holding rows and silent: warned about (liveness)
+        self.silent_holders = SilentLeaseHolders(quiet_s=every_s, every_s=every_s)
         self.error = ""
         self.last_metrics: dict[str, float] = {}
         self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
@@ -360,9 +363,24 @@ class Orchestrator:
             if entry is not None:
                 entry[1].cancel()
 
+    def warn_silent_lease_holders(self) -> None:
+        """Warn about gateways that hold leased rows and have stopped heartbeating (fleetrl.controller.liveness)."""
+        now = self.clock()
+        holders: dict[str, tuple[float, list[int], float]] = {}
+        for lease in self.scheduler.leases.values():
+            member = self.members.members.get(lease.gateway_id)
+            if member is None:
+                continue
+            _, rows, deadline = holders.setdefault(lease.gateway_id, (now - member.last_seen, [], lease.deadline))
+            rows.append(lease.row_id)
+            holders[lease.gateway_id] = (now - member.last_seen, rows, min(deadline, lease.deadline))
+        for message in self.silent_holders.check(now, holders):
+            liveness_log.warning("%s", message)
+
     async def _poll_forever(self) -> None:
         while not self.finished:
             await self.poll_members()
+            self.warn_silent_lease_holders()
             self.release_dead_gateways()
             self.forget_silent_replicas()
             self.scheduler.expire(self.clock())

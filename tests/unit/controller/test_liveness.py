@@ -107,3 +107,32 @@ async def test_a_train_step_to_a_stopped_trainer_is_warned_about_every_few_secon
     finally:
         await orch.close()
         await server.stop(None)
+
+
+def test_a_gateway_holding_rows_that_stops_heartbeating_is_warned_about_every_few_seconds(tmp_path, caplog):
+    now = [0.0]
+    scheduler = RowScheduler(
+        DatasetCursor([{"q": i} for i in range(8)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
+    )
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    members.register("gateway", "gw-stopped", "", now[0])
+    members.register("gateway", "gw-idle", "", now[0])  # silent too, but holds no rows: nothing to wait for
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", heartbeat_interval_s=2)
+    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=lambda: now[0])
+    leases = scheduler.lease("gw-stopped", 2, now=0)
+
+    def warnings_at(t: float) -> list[str]:
+        now[0] = t
+        seen = len(caplog.records)
+        orch.warn_silent_lease_holders()
+        return [r.getMessage() for r in caplog.records[seen:]]
+
+    with caplog.at_level(logging.WARNING, logger="fleetrl.controller.liveness"):
+        assert warnings_at(4) == []  # two heartbeats missed at most: no warning
+        (first,) = warnings_at(6)
+        rows = ", ".join(str(lease.row_id) for lease in leases)
+        assert f"gateway gw-stopped holds 2 leased rows [{rows}]" in first and "heartbeat for 6 s" in first
+        assert warnings_at(10) == []  # not again before 6 s more
+        assert "heartbeat for 12 s" in warnings_at(12)[0]
+        members.heartbeat("gw-stopped", 13)  # it heartbeats again (SIGCONT)
+        assert warnings_at(14) == []
