@@ -38,7 +38,7 @@ from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session
 from fleetrl.weights.staging import HostStaging, ServedBuffers
 from fleetrl.weights.timeouts import transfer_timeout_s
 
-__all__ = ["MAX_REQUEST_BYTES", "WeightPublisher"]
+__all__ = ["MAX_REQUEST_BYTES", "WeightPublisher", "gather_shards"]
 
 logger = logging.getLogger(__name__)
 
@@ -193,6 +193,7 @@ class WeightPublisher(WeightStreamServer):
         adapter: Mapping[str, Any] | None = None,
         float_dtype: torch.dtype | None = None,
         background: bool = False,
+        sharded: bool = False,
     ) -> Any:
         """Snapshot ``state_dict`` as ``version`` (greater than any published before) and serve it.
 
@@ -203,14 +204,19 @@ class WeightPublisher(WeightStreamServer):
         Returns the Manifest; with ``background``, a Future of it: the call returns once the tensors
         are copied (and cast) into the reused staging buffers (the caller may change them from then on), and the
         checksums and serving follow in a background thread (see the class docstring).
+
+        ``sharded`` (world size > 1; implies ``background``): ``state_dict`` is the sharded model's own
+        (``model.state_dict()``: DTensor shards), gathered one tensor at a time straight into the staging buffers,
+        cast on the device (``HostStaging.gather``). Every other rank calls ``gather_shards`` with its state dict at
+        the same time; nobody gathers the whole model.
         """
         self._check_usable()
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise ValueError(f"weight version must be a non-negative int, got {version!r}")
         if self._latest is not None and version <= self._latest:
             raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
-        if background:
-            return self._stage(version, state_dict, adapter, float_dtype)
+        if background or sharded:
+            return self._stage(version, state_dict, adapter, float_dtype, sharded)
         started = time.perf_counter()
         snapshot = self._snapshot(version, state_dict, adapter, float_dtype)
         with self._lock:
@@ -287,9 +293,10 @@ class WeightPublisher(WeightStreamServer):
         state_dict: Mapping[str, torch.Tensor],
         adapter: Mapping[str, Any] | None,
         float_dtype: torch.dtype | None,
+        sharded: bool = False,
     ) -> Future[Manifest]:
         started = time.perf_counter()
-        _check_state_dict(state_dict, float_dtype)
+        _check_state_dict(state_dict, float_dtype, sharded)
         previous = self._staged
         if previous is not None and not previous.done():
             self.stage_waits += 1  # bounded memory: one staged version beyond the served ones
@@ -304,7 +311,10 @@ class WeightPublisher(WeightStreamServer):
             raise WeightTransferError(
                 f"staging the previous weight version failed: {previous.exception()!r}", reason="publisher"
             ) from previous.exception()
-        views, ready = self._staging.snapshot(state_dict.values(), float_dtype)
+        if sharded:  # every rank gathers with us, one tensor at a time (fleetrl.weights.staging.HostStaging.gather)
+            views, ready = self._staging.gather(state_dict.values(), float_dtype)
+        else:
+            views, ready = self._staging.snapshot(state_dict.values(), float_dtype)
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
@@ -446,7 +456,15 @@ class WeightPublisher(WeightStreamServer):
             self.counts["bytes_served"] += stop - start
 
 
-def _check_state_dict(state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None) -> None:
+def gather_shards(state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None = None) -> None:
+    """A rank other than the publisher's in a sharded publish (``publish(..., sharded=True)`` on rank 0): takes part
+    in each tensor's gather and keeps nothing."""
+    HostStaging().gather(state_dict.values(), float_dtype, keep=False)
+
+
+def _check_state_dict(
+    state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None, sharded: bool = False
+) -> None:
     """TypeError / ValueError naming the entry that cannot travel."""
     if not isinstance(state_dict, Mapping):
         raise TypeError(f"state_dict must be a mapping, got {type(state_dict).__name__}")
@@ -457,6 +475,8 @@ def _check_state_dict(state_dict: Mapping[str, torch.Tensor], float_dtype: torch
             raise TypeError(f"state dict entry {name!r} is a {type(tensor).__name__}")
         if tensor.layout != torch.strided:
             raise ValueError(f"tensor {name!r} has layout {tensor.layout}; only dense travels")
+        if not sharded and hasattr(tensor, "full_tensor"):
+            raise ValueError(f"tensor {name!r} is a DTensor shard: publish a sharded model with sharded=True")
         try:
             dtype_name(tensor.dtype)
         except ValueError as exc:

@@ -50,12 +50,7 @@ class HostStaging:
         dtypes = [float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype for t in tensors]
         pinned = any(t.is_cuda for t in tensors)
         places, sizes = self._plan([t.numel() * d.itemsize for t, d in zip(tensors, dtypes, strict=True)])
-        key = (tuple(sizes), pinned)
-        if key != self._key:
-            self._buckets = []  # released before the new ones are allocated
-            self._buckets = [torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for size in sizes]
-            self._key = key
-            self.allocations += 1
+        self._reserve(sizes, pinned)
         views = []
         for tensor, dtype, (bucket, offset, nbytes) in zip(tensors, dtypes, places, strict=True):
             view = self._buckets[bucket][offset : offset + nbytes].view(dtype).view(tensor.shape)
@@ -68,6 +63,51 @@ class HostStaging:
             ready = torch.cuda.Event()
             ready.record()
         return views, ready
+
+    def gather(
+        self, tensors: Iterable[torch.Tensor], float_dtype: torch.dtype | None = None, *, keep: bool = True
+    ) -> tuple[list[torch.Tensor], Any]:
+        """`snapshot` for a sharded model (world size > 1): each tensor, a DTensor shard of an FSDP2 parameter or a
+        plain tensor, is gathered alone (`full_tensor()`), cast on its device, copied into the buckets and dropped
+        before the next one, so no rank holds more than one full tensor on its device and none gathers the whole
+        model, let alone in float32 into pageable host memory (`get_model_state_dict(full_state_dict=True,
+        cpu_offload=True)` did). Every rank calls it with its shards in the same order (the gathers are
+        collectives); only the rank with `keep` (rank 0, which serves) holds buckets: the version's bytes in the
+        served dtype, reused from one version to the next, pinned when the shards are on CUDA. Returns what
+        `snapshot` does on that rank, ([], None) on the others."""
+        tensors = list(tensors)
+        dtypes = [float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype for t in tensors]
+        cuda = any(t.is_cuda for t in tensors)
+        places, sizes = self._plan([t.numel() * d.itemsize for t, d in zip(tensors, dtypes, strict=True)])
+        if keep:
+            self._reserve(sizes, pinned=cuda)
+        views = []
+        for tensor, dtype, (bucket, offset, nbytes) in zip(tensors, dtypes, places, strict=True):
+            full = tensor.detach()
+            if hasattr(full, "full_tensor"):  # a DTensor: this is the all-gather, on every rank
+                full = full.full_tensor()
+            if full.dtype != dtype:
+                full = full.to(dtype)  # on the device: a bfloat16 copy moves half the bytes
+            if keep:
+                view = self._buckets[bucket][offset : offset + nbytes].view(dtype).view(full.shape)
+                view.copy_(full, non_blocking=cuda and full.is_cuda)
+                views.append(view)
+            del full
+        if not keep:
+            return [], None
+        ready = None
+        if cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return views, ready
+
+    def _reserve(self, sizes: list[int], pinned: bool) -> None:
+        key = (tuple(sizes), pinned)
+        if key != self._key:
+            self._buckets = []  # released before the new ones are allocated
+            self._buckets = [torch.empty(size, dtype=torch.uint8, pin_memory=pinned) for size in sizes]
+            self._key = key
+            self.allocations += 1
 
     def _plan(self, nbytes: list[int]) -> tuple[list[tuple[int, int, int]], list[int]]:
         """(bucket, offset, bytes) of each tensor and the size of each bucket: tensors in order, a new bucket when
