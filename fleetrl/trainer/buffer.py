@@ -10,12 +10,15 @@ legitimate group is named within a few steps of arriving, so what stays is stray
 gateway's environment, so user code can send groups for rows never leased) and would otherwise hold the buffer full
 for good; if a real one is ever evicted, the step that names it finds it lost and the controller leases the row again.
 
-The buffer's `capacity` is shared fairly between the groups' sources (gateway ids): when it is full, a group from a
-source holding less than its share (capacity / sources buffering) takes the place of the newest group of the source
-holding the most, so a flood from one sender cannot crowd out the others. Every group refused or evicted (full,
-unclaimed, another source's share) is remembered by its (row, attempt, tag): a step that names one fails at once
-(`RefusedGroupsError`, a `MissingGroupsError`) instead of waiting out its timeout for a group that was sent once and
-will not come, and the controller leases the row again at once.
+When the buffer holds `capacity` groups, a new group always gets in and an older one makes room (`_victim`): first a
+group of a sender no step has ever named (a step names a group only with the tag the controller issued, so such a
+sender is a stranger) when the new one's sender is one steps train; else the capacity is shared fairly between the
+senders (gateway ids): one holding less than its share (capacity / senders buffering) takes the oldest group of the
+sender holding the most, and one at its share replaces its own oldest. So a flood from one sender cannot crowd out
+the others, and a one-off flood is churned out by the groups that follow it. Every group evicted (full, unclaimed)
+is remembered by (row, attempt, tag): a step that names one fails at once (`RefusedGroupsError`, a
+`MissingGroupsError`) instead of waiting out its timeout for a group that was sent once and will not come, and the
+controller leases the row again at once.
 """
 
 from __future__ import annotations
@@ -78,12 +81,13 @@ class GroupBuffer:
         self._cond = threading.Condition()
         self.duplicates = 0  # a second copy of a buffered attempt, or a group of a trained row
         self.superseded = 0  # groups evicted or refused because the controller superseded their attempt
-        self.refused_full = 0  # groups refused because the buffer held `capacity` groups
+        self.refused_full = 0  # groups evicted because the buffer held `capacity` groups (to make room for one)
         self.evicted_unclaimed = 0  # groups no step named for max_age_steps steps (stray, forged, lost track of)
-        self.evicted_for_share = 0  # groups of the source holding the most, evicted for one under its fair share
+        self.evicted_for_share = 0  # of those, groups of another sender (a stranger, or one over its share)
         self._refused: OrderedDict[tuple[int, int, int], str] = OrderedDict()  # stored key -> why refused
         self._refused_by_row: dict[int, set[tuple[int, int, int]]] = {}  # the same keys by row id
         self._per_source: dict[str, int] = {}  # buffered groups per source
+        self._named_sources: set[str] = set()  # senders of groups a step has named (and so trusted: tag matched)
         self.steps = 0  # steps ended (`end_step`)
         self._arrived: dict[tuple[int, int, int], int] = {}  # stored key -> `steps` when it arrived
 
@@ -92,9 +96,10 @@ class GroupBuffer:
             return len(self._groups)
 
     def add(self, group: RolloutGroup) -> bool:
-        """Keep `group` unless its row is trained, the same group is buffered, its attempt is superseded or the
-        buffer is full; False when refused. Groups claiming the same (row, attempt) with different lease tags are
-        all kept: the step names the tag the controller issued, so a forged twin cannot take the real one's place."""
+        """Keep `group` unless its row is trained, the same group is buffered or its attempt is superseded; False
+        when refused. A full buffer makes room by evicting an older group (`_victim`). Groups claiming the same
+        (row, attempt) with different lease tags are all kept: the step names the tag the controller issued, so a
+        forged twin cannot take the real one's place."""
         with self._cond:
             if group.key in self._superseded:
                 self.superseded += 1
@@ -103,14 +108,10 @@ class GroupBuffer:
                 self.duplicates += 1
                 return False
             if self.capacity is not None and len(self._groups) >= self.capacity:
-                victim = self._share_victim(group.source)
-                if victim is None:
-                    self.refused_full += 1
-                    self._refuse(_stored(group), f"buffer full, {group.source or 'its sender'} holding its share")
-                    return False
+                victim, reason = self._victim(group.source)
                 self._drop(victim)
-                self._refuse(victim, f"evicted for another sender's share of the buffer ({self.capacity} groups)")
-                self.evicted_for_share += 1
+                self._refuse(victim, reason)
+                self.refused_full += 1
             self._groups[_stored(group)] = group
             self._arrived[_stored(group)] = self.steps
             self._per_source[group.source] = self._per_source.get(group.source, 0) + 1
@@ -118,16 +119,26 @@ class GroupBuffer:
             self._cond.notify_all()
             return True
 
-    def _share_victim(self, source: str) -> tuple[int, int, int] | None:
-        """With the buffer full: the group to evict for a group from `source` (the newest of the source holding
-        the most), or None when `source` already holds its fair share (capacity / sources buffering)."""
+    def _victim(self, source: str) -> tuple[tuple[int, int, int], str]:
+        """With the buffer full, the group that makes room for one from `source`, and why: the oldest group of a
+        sender no step has named yet when `source` is one a step has named; else, when `source` holds less than
+        its fair share (capacity / senders buffering), the oldest of the sender holding the most; else its own
+        oldest (a flood from one sender only churns through its own share)."""
         assert self.capacity is not None
+        if source in self._named_sources:
+            stranger = next((k for k, g in self._groups.items() if g.source not in self._named_sources), None)
+            if stranger is not None:
+                self.evicted_for_share += 1
+                return stranger, "buffer full: evicted for a sender whose groups steps train"
         sources = set(self._per_source) | {source}
         share = max(self.capacity // len(sources), 1)
         if self._per_source.get(source, 0) >= share:
-            return None
+            oldest = next(k for k, g in self._groups.items() if g.source == source)
+            return oldest, f"buffer full: its sender's share ({share} of {self.capacity}) taken by newer groups"
         biggest = max(self._per_source, key=lambda s: self._per_source[s])
-        return next(k for k in reversed(self._groups) if self._groups[k].source == biggest)
+        self.evicted_for_share += 1
+        oldest = next(k for k, g in self._groups.items() if g.source == biggest)
+        return oldest, f"buffer full: evicted for another sender's share ({share} of {self.capacity})"
 
     def _drop(self, key: tuple[int, int, int]) -> None:
         group = self._groups.pop(key, None)
@@ -218,7 +229,9 @@ class GroupBuffer:
                 absent = [(r, a, t) for r, a, t in live if self._find(r, a, t) is None]
                 missing = [(r, a) for r, a, _ in absent]
                 if not missing:
-                    return [g for ref in live if (g := self._find(*ref)) is not None]
+                    found = [g for ref in live if (g := self._find(*ref)) is not None]
+                    self._named_sources.update(g.source for g in found)
+                    return found
                 refused = [(ref[:2], why) for ref in absent if (why := self._refusal(*ref)) is not None]
                 if refused:  # sent once and refused: waiting cannot bring them
                     raise RefusedGroupsError([key for key, _ in refused], [why for _, why in refused])

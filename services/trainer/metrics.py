@@ -80,7 +80,7 @@ class _StreamCollector(Collector):
         )
         yield CounterMetricFamily(
             PREFIX + "groups_refused_full",
-            "Groups refused because the buffer was full (max_buffered_groups): a flood of stray groups.",
+            "Groups evicted to make room because the buffer was full (max_buffered_groups): a flood of stray groups.",
             value=self._refused_full(),
         )
         yield CounterMetricFamily(

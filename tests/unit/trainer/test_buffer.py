@@ -82,12 +82,11 @@ def test_attempt_zero_means_whichever_arrived_last():
     assert got.attempt == 2
 
 
-def test_a_full_buffer_refuses_and_counts_instead_of_growing():
+def test_a_full_buffer_makes_room_and_counts_instead_of_growing():
     buffer = GroupBuffer(capacity=2)
     assert buffer.add(_group(1)) and buffer.add(_group(2))
-    assert not buffer.add(_group(3)) and buffer.refused_full == 1 and len(buffer) == 2
-    buffer.discard([1])
-    assert buffer.add(_group(3))
+    assert buffer.add(_group(3)) and buffer.refused_full == 1 and len(buffer) == 2  # the oldest, row 1, made room
+    assert [g.row_id for g in buffer.wait_for([(2, 1), (3, 1)], timeout_s=1.0)] == [2, 3]
 
 
 def test_a_forged_twin_with_the_right_row_and_attempt_is_never_trained():
@@ -111,10 +110,11 @@ def test_a_flood_of_groups_no_step_names_is_evicted_after_max_age_steps():
     buffer = GroupBuffer(capacity=300)
     for row in range(1000, 1300):  # the flood: right token, rows never leased
         assert buffer.add(_group(row))
-    assert not buffer.add(_group(1)) and buffer.refused_full == 1  # a real group, refused while the buffer is full
+    assert buffer.add(_group(1)) and buffer.refused_full == 1  # a real group gets in: the oldest flood group makes room
+    buffer.discard([1])  # trained
     for _ in range(3):
         assert buffer.end_step(max_age_steps=3) == 0  # young groups stay: a real one may be named in a few steps
-    assert buffer.end_step(max_age_steps=3) == 300 and buffer.evicted_unclaimed == 300 and len(buffer) == 0
+    assert buffer.end_step(max_age_steps=3) == 299 and buffer.evicted_unclaimed == 299 and len(buffer) == 0
     assert buffer.add(_group(1))  # real groups get in again
     buffer.end_step(max_age_steps=3)
     assert buffer.wait_for([(1, 1)], timeout_s=1.0)[0].row_id == 1  # still there one step later

@@ -26,55 +26,69 @@ def group(row_id: int, source: str, tag: int = 7, attempt: int = 1) -> RolloutGr
 
 def test_a_flood_from_one_sender_cannot_crowd_out_another():
     buffer = GroupBuffer(capacity=10)
-    assert sum(buffer.add(group(1000 + i, "forger", tag=i)) for i in range(1200)) == 10  # then full
+    for i in range(1200):
+        buffer.add(group(1000 + i, "forger", tag=i))  # past 10, each replaces the forger's own oldest
     genuine = [group(r, "gateway-0") for r in range(4)]
     assert all(buffer.add(g) for g in genuine)  # before: refused as "buffer full"
-    assert not buffer.add(group(5000, "forger"))  # the forger keeps no more than its share
+    buffer.add(group(5000, "forger"))  # the forger keeps no more than its share
     got = buffer.wait_for([(g.row_id, 1, 7) for g in genuine], timeout_s=WAIT_S)
     assert [g.row_id for g in got] == [0, 1, 2, 3] and buffer.evicted_for_share == 4 and len(buffer) == 10
 
 
-def test_a_sender_holding_its_share_is_refused_and_a_step_naming_that_group_fails_at_once():
+def test_a_group_pushed_out_of_a_full_buffer_fails_the_step_naming_it_at_once():
     buffer = GroupBuffer(capacity=4)
     for r in range(2):
         assert buffer.add(group(r, "gateway-0")) and buffer.add(group(100 + r, "gateway-1"))
-    assert not buffer.add(group(2, "gateway-0"))  # full, and gateway-0 holds its half
+    assert buffer.add(group(2, "gateway-0"))  # full, and gateway-0 holds its half: its oldest, row 0, makes room
     with pytest.raises(
-        RefusedGroupsError, match=r"rows \[2#1\] did not arrive: the trainer refused them \(buffer full"
+        RefusedGroupsError, match=r"rows \[0#1\] did not arrive: the trainer refused them \(buffer full"
     ):
         buffer.wait_for([(0, 1, 7), (2, 1, 7)], timeout_s=WAIT_S)  # before: a wait of WAIT_S, then "did not arrive"
-    assert buffer.wait_for([(0, 1, 7)], timeout_s=WAIT_S)[0].row_id == 0  # what was kept is still there
+    assert [g.row_id for g in buffer.wait_for([(1, 1, 7), (2, 1, 7)], timeout_s=WAIT_S)] == [1, 2]
 
 
 def test_a_group_evicted_for_anothers_share_or_unclaimed_fails_its_step_at_once():
     buffer = GroupBuffer(capacity=2)
     buffer.add(group(1, "gateway-0"))
     buffer.add(group(2, "gateway-0"))
-    buffer.add(group(3, "gateway-1"))  # evicts row 2, gateway-0's newest
+    buffer.add(group(3, "gateway-1"))  # evicts row 1, gateway-0's oldest
     with pytest.raises(RefusedGroupsError, match="evicted for another sender's share") as info:
-        buffer.wait_for([(2, 1, 7)], timeout_s=WAIT_S)
-    assert info.value.missing == [2] and isinstance(info.value, MissingGroupsError)
-    buffer.end_step(max_age_steps=0)
-    buffer.end_step(max_age_steps=0)  # rows 1 and 3 unclaimed: evicted
-    with pytest.raises(RefusedGroupsError, match="no step named it for 0 steps"):
         buffer.wait_for([(1, 1, 7)], timeout_s=WAIT_S)
+    assert info.value.missing == [1] and isinstance(info.value, MissingGroupsError)
+    buffer.end_step(max_age_steps=0)
+    buffer.end_step(max_age_steps=0)  # rows 2 and 3 unclaimed: evicted
+    with pytest.raises(RefusedGroupsError, match="no step named it for 0 steps"):
+        buffer.wait_for([(2, 1, 7)], timeout_s=WAIT_S)
+
+
+def test_groups_of_senders_no_step_named_make_room_first():
+    """Many forged sender names (one group each) cannot shrink a trained gateway's share to one group."""
+    buffer = GroupBuffer(capacity=8)
+    buffer.add(group(0, "gateway-0"))
+    buffer.wait_for([(0, 1, 7)], timeout_s=WAIT_S)  # a step named it: gateway-0's groups are trained
+    buffer.discard([0])
+    for i in range(100):
+        buffer.add(group(1000 + i, f"forged-{i}", tag=i))
+    for r in range(1, 8):
+        assert buffer.add(group(r, "gateway-0"))
+    got = buffer.wait_for([(r, 1, 7) for r in range(1, 8)], timeout_s=WAIT_S)
+    assert [g.row_id for g in got] == list(range(1, 8)) and len(buffer) == 8
 
 
 def test_a_forged_twins_refusal_does_not_fail_the_genuine_groups_step():
     buffer = GroupBuffer(capacity=1)
     buffer.add(group(9, "forger", tag=1))
-    assert not buffer.add(group(4, "forger", tag=666))  # a forged twin of row 4, refused
-    buffer.add(group(4, "gateway-0", tag=7))  # the genuine one, under its share: kept
+    buffer.add(group(4, "forger", tag=666))  # a forged twin of row 4
+    buffer.add(group(4, "gateway-0", tag=7))  # the genuine one: the twin makes room
     assert buffer.wait_for([(4, 1, 7)], timeout_s=WAIT_S)[0].source == "gateway-0"
 
 
 def test_refusals_are_remembered_up_to_a_bound(monkeypatch):
     monkeypatch.setattr(buffer_module, "MAX_REFUSED_REMEMBERED", 3)
     buffer = GroupBuffer(capacity=1)
-    buffer.add(group(0, "a"))
-    for r in range(1, 6):
-        assert not buffer.add(group(r, "a"))
-    assert len(buffer._refused) == 3 and sorted(buffer._refused_by_row) == [3, 4, 5]
+    for r in range(6):
+        assert buffer.add(group(r, "a"))  # each pushes the one before out
+    assert len(buffer._refused) == 3 and sorted(buffer._refused_by_row) == [2, 3, 4]
     with pytest.raises(MissingGroupsError) as info:
         buffer.wait_for([(1, 1, 7)], timeout_s=0.01)  # forgotten: waited for as a late group
     assert not isinstance(info.value, RefusedGroupsError)
@@ -107,7 +121,7 @@ def test_a_flood_on_the_real_group_port_leaves_the_genuine_groups_trainable():
     try:
         with GroupSender(receiver.address, auth_token="token") as forger:
             for i in range(1200):
-                forger.send(group(10_000 + i, "gateway-0", tag=i))  # the flood claims a gateway's name too
+                forger.send(group(10_000 + i, "gateway-1", tag=i))  # the flood claims the gateway's own name
         wait_until(lambda: receiver.counts["groups"] == 1200, 60, "the flood received")
         with GroupSender(receiver.address, auth_token="token") as gateway:
             for r in range(8):
