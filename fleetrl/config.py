@@ -25,6 +25,10 @@ TisLevel = Literal["token", "sequence", "off"]
 StalePolicy = Literal["requeue", "train"]
 
 
+# Built-in advantage estimators (fleetrl.trainer.advantage_estimators), by name.
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp")
+
+
 class ConfigError(ValueError):
     """A config that cannot run; the message names the field."""
 
@@ -151,6 +155,12 @@ class Config(BaseModel):
     advantage_mode: Literal["standardize", "center"] = Field(
         "standardize", description="Group advantage: (r-mean)/std, or mean-centering only."
     )
+    advantage_estimator: str = Field(
+        "grpo",
+        description="How a step's rewards become advantages: 'grpo' (group normalisation, advantage_mode), 'rloo' "
+        "(leave-one-out baseline), 'reinforce_pp' (group-centred, batch-normalised) or an import path "
+        "'pkg.module:fn' / 'path/to/file.py:fn' (docs/losses.md, 'Advantage estimators'), tried at start.",
+    )
     max_concurrency: int | None = Field(None, description="C: rollout samples in flight at once; None = unbounded.")
     rollout_extras: dict[str, Any] = Field(
         default_factory=dict, description="Free-form values handed to the rollout factory."
@@ -273,6 +283,16 @@ class Config(BaseModel):
             return loss_import_path(value)
         if isinstance(value, str):
             check_loss_path(value)
+        return value
+
+    @field_validator("advantage_estimator")
+    @classmethod
+    def _estimator_name_or_path(cls, value: str) -> str:
+        if value not in ADVANTAGE_ESTIMATORS and ":" not in value:
+            raise ValueError(
+                f"{value!r} is not one of {list(ADVANTAGE_ESTIMATORS)} nor an import path ('package.module:function' "
+                "or 'path/to/file.py:function')"
+            )
         return value
 
     @field_validator("loggers")

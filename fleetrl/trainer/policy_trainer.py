@@ -44,6 +44,8 @@ from fleetrl.sample_log import LoggedSample, logged_samples, samples_due
 from fleetrl.tokenizer_match import check_same_tokenizer
 from fleetrl.trainer import distributed as fdist
 from fleetrl.trainer import lora
+from fleetrl.trainer.advantage_estimators import BUILT_IN as BUILT_IN_ESTIMATORS
+from fleetrl.trainer.advantage_estimators import load_estimator
 from fleetrl.trainer.checkpoint import (
     TrainerState,
     checkpoint_path,
@@ -130,6 +132,9 @@ class PolicyTrainer:
         self.checkpoint_dir = Path(checkpoint_dir or log_path / "checkpoints")
         self.output_dir = Path(output_dir or cfg.output_dir or log_path / "final")
         resolve_loss_settings(cfg.policy_loss, cfg)  # a bad loss setting fails here, at start
+        estimator = getattr(cfg, "advantage_estimator", "grpo")
+        if estimator not in BUILT_IN_ESTIMATORS:
+            load_estimator(estimator)  # imported and tried now: a bad estimator fails at start, naming the field
 
         torch.manual_seed(cfg.seed)
         # Sharded loading (full fine-tuning under FSDP2): built on meta, sharded, each rank reads only its own rows.
@@ -299,6 +304,7 @@ class PolicyTrainer:
         batch = build_step_batch(
             fresh,
             advantage_mode=self.cfg.advantage_mode,
+            advantage_estimator=getattr(self.cfg, "advantage_estimator", "grpo"),
             train_version=self.version,
             max_offpolicy=refuse_above,
             vocab_size=self.vocab_size,

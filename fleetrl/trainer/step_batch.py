@@ -11,13 +11,13 @@ Pure logic: no sockets, no process groups, no torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 
 from fleetrl.rollout import RolloutSample
 from fleetrl.rollout_group import RolloutGroup
 from fleetrl.step_metrics import sample_metrics
-from fleetrl.trainer.advantages import member_advantages
+from fleetrl.trainer.advantage_estimators import estimate
 
 
 @dataclass
@@ -41,6 +41,7 @@ def build_step_batch(
     groups: Sequence[RolloutGroup],
     *,
     advantage_mode: str = "standardize",
+    advantage_estimator: str = "grpo",
     train_version: int = 0,
     max_offpolicy: int | None = None,
     vocab_size: int | None = None,
@@ -55,6 +56,8 @@ def build_step_batch(
     sender claims.
     vocab_size: the model's embedding rows; a sample with a token id at or above it is refused and counted
     (`train/samples_refused_vocab`) instead of failing the step in the embedding lookup.
+    advantage_estimator: how the groups' rewards become advantages (fleetrl.trainer.advantage_estimators): it sees
+    every group of the step at once, one reward per member.
     """
     samples: list[RolloutSample] = []
     advantages: list[float] = []
@@ -76,13 +79,17 @@ def build_step_batch(
         if len(kept) != len(group.samples):
             group = replace(group, samples=kept)
         kept_groups.append(group)
-        members = [s.member for s in group.samples]
-        group_adv = member_advantages(group.rewards, members, mode=advantage_mode)  # type: ignore[arg-type]
+    members_G = [_members(group) for group in kept_groups]
+    rewards_GM = [list(member_reward.values()) for member_reward, _ in members_G]
+    for group, (member_reward, keys), group_adv in zip(
+        kept_groups, members_G, estimate(advantage_estimator, rewards_GM, advantage_mode), strict=True
+    ):
         if group_adv is None:
             skipped.append(group.row_id)
             continue
+        by_member = dict(zip(member_reward, group_adv, strict=True))
         samples.extend(group.samples)
-        advantages.extend(group_adv)
+        advantages.extend(by_member[key] for key in keys)
         row_ids.append(group.row_id)
         sample_row_ids.extend([group.row_id] * len(group.samples))
         sample_offsets.extend(_sample_offset(s, group.submit_version, train_version) for s in group.samples)
@@ -95,6 +102,18 @@ def build_step_batch(
     if vocab_size is not None:
         batch.stats["train/samples_refused_vocab"] = float(refused["vocab"])
     return batch
+
+
+def _members(group: RolloutGroup) -> tuple[dict[Hashable, float], list[Hashable]]:
+    """The group's members with their rewards (a member's reward is its first sample's; a sample with no member
+    is a member of its own), and each sample's member key."""
+    keys: list[Hashable] = [
+        ("sample", i) if s.member is None else ("member", s.member) for i, s in enumerate(group.samples)
+    ]
+    member_reward: dict[Hashable, float] = {}
+    for key, reward in zip(keys, group.rewards, strict=True):
+        member_reward.setdefault(key, reward)
+    return member_reward, keys
 
 
 def _sample_offset(sample: RolloutSample, submit_version: int, train_version: int) -> int:

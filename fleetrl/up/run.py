@@ -75,6 +75,24 @@ def check_user_code(up: UpConfig, config_dir: Path) -> None:
         check_user_object("up.dynamic_filter", up.dynamic_filter, config_dir)
 
 
+def check_advantage_estimator(name: str) -> None:
+    """A user's advantage estimator (`run.advantage_estimator` as an import path) imported and given its trial call
+    here, as the trainer will, before any service starts (fleetrl.trainer.advantage_estimators)."""
+    if ":" not in name:  # a built-in one (the config's validator refused any other name)
+        return
+    from fleetrl.trainer.advantage_estimators import load_estimator  # imports torch: only for a user's estimator
+
+    added = [os.getcwd()] if os.getcwd() not in sys.path else []
+    sys.path[:0] = added
+    try:
+        load_estimator(name)
+    except ValueError as exc:
+        raise ConfigError(f"run.{exc}") from None
+    finally:
+        for path in added:
+            sys.path.remove(path)
+
+
 def check_user_object(field: str, spec: str, config_dir: Path) -> None:
     """`spec` names a callable the gateways can load: imported here, with the run config's folder and the working
     directory on the import path as a gateway has them (its PYTHONPATH, `python -m`). Raises ConfigError naming
@@ -809,6 +827,7 @@ def main(argv: list[str] | None = None) -> int:
             check_datasets(run)  # here, not in the controller once every service started
         check_group_size(run)
         check_user_code(up, args.config.parent)  # before check_log_dir, which may delete (--overwrite)
+        check_advantage_estimator(run.advantage_estimator)
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
