@@ -24,26 +24,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {"serial": False, "overlapped": True}
-SHAPE = (768, 15, 12, 4, 2560)
 
 
 def prepare(cache: Path) -> tuple[Path, Path]:
-    """The model (built once) and the arithmetic rows (examples/arithmetic's generator, no warm start)."""
-    from fleetrl.tiny_model import build_tiny_model
+    """The model (bench/guard.py's 0.45 GB version model, built once) and the arithmetic rows (no warm start)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from guard import VERSION_SHAPE, version_model
 
-    model = cache / "model"
-    if not (model / "done").exists():
-        hidden, layers, heads, kv, inter = SHAPE
-        build_tiny_model(
-            model,
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv,
-            intermediate_size=inter,
-            max_position_embeddings=512,
-        )
-        (model / "done").write_text("")
+    model = version_model(cache, VERSION_SHAPE)
     rows = cache / "train.jsonl"
     if not rows.exists():
         lines = [json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) for a in range(50) for b in range(0, 50, 7)]
