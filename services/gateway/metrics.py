@@ -56,7 +56,10 @@ class GatewayMetrics(Collector):
             "Generate replies refused as impossible, by inference replica.",
             labels=["replica"],
         )
-        for address, count in sorted(getattr(sampler, "bad_replies", {}).items()):
+        counts = dict(getattr(sampler, "bad_replies", {}))
+        for address in getattr(sampler, "replicas", ()):  # 0 for every replica in use: the series exist from the start
+            counts.setdefault(address, 0)
+        for address, count in sorted(counts.items()):
             bad.add_metric([address], count)
         yield bad
         yield GaugeMetricFamily(

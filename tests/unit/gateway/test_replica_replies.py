@@ -193,3 +193,22 @@ async def test_a_rollout_never_sees_garbage_and_is_not_blamed_for_it(serve):
         assert versions == {0, 1} and sampler.bad_replies[bad_address] >= 1
     finally:
         await sampler.close()
+
+
+async def test_the_gateway_reports_garbage_replies_per_replica_on_metrics():
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from fleetrl.services.gateway.metrics import GatewayMetrics
+
+    sampler = Sampler()
+    sampler.set_replicas(["10.0.0.1:1", "10.0.0.2:1"])
+    gateway = SimpleNamespace(counters={}, row_seconds_sum=0.0, breaker=SimpleNamespace(is_open=False), sampler=sampler)
+    registry = CollectorRegistry()
+    GatewayMetrics(registry, gateway)
+    name = "fleetrl_gateway_replica_bad_replies_total"
+    assert registry.get_sample_value(name, {"replica": "10.0.0.1:1"}) == 0  # every replica's series from the start
+    sampler.health.bad("10.0.0.2:1", now=0)
+    assert registry.get_sample_value(name, {"replica": "10.0.0.2:1"}) == 1
+    await sampler.close()
