@@ -114,6 +114,7 @@ class RowScheduler:
         self.leases: dict[int, Lease] = {}
         self.queue: deque[int] = deque()  # row ids waiting to be leased again
         self.attempts: dict[int, int] = {}
+        self.stale_reports: dict[int, int] = {}  # row id -> attempts whose group came back stale (max_stale_attempts)
         self.pending: list[tuple[int, int, int, int, int]] = []  # accepted: (row, submit_version, offset, attempt, tag)
         self.superseded: list[tuple[int, int]] = []  # (row_id, attempt) never to be trained; see take_superseded
         self.ready: deque[StepAssignment] = deque()
@@ -250,19 +251,22 @@ class RowScheduler:
         if offset > self.max_offpolicy and self.stale_policy == "requeue":
             self.gate.resolve(lease.row_id, accepted=False)
             self.superseded.append((lease.row_id, lease.attempt))  # its group is at the trainer already
-            if lease.attempt >= self.max_stale_attempts:
-                # Stale on every attempt: almost always a slow row (its rollouts take longer than O versions of
+            stale = self.stale_reports[lease.row_id] = self.stale_reports.get(lease.row_id, 0) + 1
+            if stale >= self.max_stale_attempts:
+                # Stale on that many attempts: almost always a slow row (its rollouts take longer than O versions of
                 # training; rarely, a rollout that does not pass the sampler's versions through). Requeuing forever
-                # would hang the run, so the row is dropped, loudly, and counted for the run's summary.
+                # would hang the run, so the row is dropped, loudly, and counted for the run's summary. Only the
+                # attempts that came back stale count: one lost or failed on the way does not make a row slow.
                 self.counters["rows_failed_stale"] += 1
                 self._journal_row(lease.row_id, "failed", lease.submit_version)
                 self._close(lease.row_id)
                 log.warning(
-                    "row %d dropped as too slow: it came back stale on %d attempts (oldest token version %d, step %d "
-                    "trains against %d, max_head_offpolicy_versions %d): slow, not wrong. Counted in "
+                    "row %d dropped as too slow: it came back stale on %d of its %d attempts (oldest token version "
+                    "%d, step %d trains against %d, max_head_offpolicy_versions %d): slow, not wrong. Counted in "
                     "rows_failed_stale; raise max_head_offpolicy_versions or the controller's max_stale_attempts "
                     "(%d) to keep such rows, or speed its rollout up",
                     lease.row_id,
+                    stale,
                     lease.attempt,
                     oldest,
                     step,
@@ -389,6 +393,7 @@ class RowScheduler:
         """A row is done (trained, rejected or failed; its journal row says so): forget its attempt count, so the
         controller's memory holds rows in flight only, not every row of the run."""
         self.attempts.pop(row_id, None)
+        self.stale_reports.pop(row_id, None)
 
     # --- journal ---------------------------------------------------------------------------------
     def _journal_row(self, row_id: int, status: str, version: int, step: int = -1, trained: int = 0) -> None:
