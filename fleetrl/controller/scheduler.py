@@ -97,9 +97,9 @@ class RowScheduler:
         max_steps: int | None = None,
         max_stale_attempts: int | None = None,
     ) -> None:
-        """`max_attempts`: leases of a row that keeps failing; `max_stale_attempts` (default: max_attempts): leases
-        of a row whose group keeps coming back stale (slower than the off-policy bound allows) before it is
-        dropped, counted in `rows_failed_stale`."""
+        """`max_attempts`: leases of a row that keeps failing; `max_stale_attempts` (default: max_attempts): times
+        a row's group may come back stale (slower than the off-policy bound allows) before it is dropped, counted
+        in `rows_failed_stale` (its lost or failed attempts do not count)."""
         self.cursor = cursor
         self.gate = gate
         self.groups_per_step = prompt_groups_per_step

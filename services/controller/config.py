@@ -36,8 +36,9 @@ class ControllerConfig(BaseModel):
     max_stale_attempts: int = Field(
         3,
         ge=1,
-        description="A row whose group comes back stale (slower than max_head_offpolicy_versions allows) is leased "
-        "this many times in all before it is dropped as too slow (counted in rows_failed_stale, reported at the end).",
+        description="A row whose group comes back stale (slower than max_head_offpolicy_versions allows) this many "
+        "times is dropped as too slow (counted in rows_failed_stale, reported at the end); lost or failed attempts "
+        "do not count.",
     )
     heartbeat_interval_s: float = Field(2.0, gt=0, description="How often members heartbeat / are polled.")
     heartbeat_timeout_s: float = Field(30.0, gt=0, description="A member silent this long is dead.")

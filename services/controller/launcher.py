@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without a reported row or a step, or with the journal locked by another process: fail the run",
     )
     parser.add_argument(
-        "--max-stale-attempts", type=int, help="leases of a row that keeps coming back stale before it is dropped"
+        "--max-stale-attempts", type=int, help="times a row's group may come back stale before it is dropped"
     )
     parser.add_argument(
         "--trainer-patience", type=float, help="seconds to wait for a trainer that stopped answering (default 600)"
