@@ -7,9 +7,11 @@ installed. Without it, sdpa and eager build a block-diagonal [N, N] mask and com
 (sum of lengths)^2 instead of the sum of the squares (on a 4096-token sample packed with a few hundred short ones,
 several times the work, and an N x N mask in memory). `varlen_sdpa` is the fallback that computes only what is
 needed. On CUDA in bf16/fp16, for a row of many samples (KERNEL_MIN_SAMPLES), it runs PyTorch's own variable-length
-flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) once over the whole row. Otherwise (few long
-samples, CPU, fp32, older torch) it splits the row into its samples and runs
-`scaled_dot_product_attention(is_causal=True)` per sample (torch's fused CPU kernel on CPU), with no mask at all.
+flash kernel (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.10) once over the whole row. Otherwise on CUDA
+(few long samples, fp32, older torch) it runs `scaled_dot_product_attention(is_causal=True)` per sample; on CPU one
+causal sdpa call per length bucket, the bucket's samples padded to its longest (`_bucketed_sdpa`: per-call dispatch
+made the per-sample loop several times slower there for rows of many short samples). No mask at all either way; the
+rule is `choose_packed_attention`, measured and explained in docs/trainer.md ("Which path runs on which device").
 The samples' bounds come from `cu_seq_lens_q` / `max_length_q`, which the trainer passes with the forward
 (`fleetrl.trainer.logprobs.packed_logprobs`, transformers' flash-attention kwargs, computed once per forward on the
 host), else from the position ids (each 0 starts a sample). A batch that is not one packed row (padded rows, or a
