@@ -1,6 +1,6 @@
 """The speed guard: the CPU figures that past work won, each a ratio to its own baseline measured in the same run.
 
-    python bench/guard.py                 # about 4-5 min on 2 cores; prints the table beside the last recorded one
+    python bench/guard.py                 # about 3-5 min on 2 cores; prints the table beside the last recorded one
     python bench/guard.py --record        # the same, then writes the table into docs/benchmarks.md as the new record
 
 Run it before a change lands whenever the change touches the trainer, the weight path, an engine or start-up, and
@@ -298,8 +298,8 @@ def record_table(results: dict[str, list[float]], header: str, doc: Path = DOC) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=12, help="steps per `fleetrl up` run and bare loop")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=16, help="steps per `fleetrl up` run and bare loop")
     parser.add_argument("--warm-steps", type=int, default=300, help="supervised steps of the cached warm start")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/fleetrl-guard"))
     parser.add_argument("--record", action="store_true", help="write this run's table into docs/benchmarks.md")
