@@ -22,13 +22,14 @@ model from a short warm start (`--warm-steps`, cached under `--cache`; the speed
 adds). Arms run interleaved, `--repeats` times (bare, sync, O = 1, weights; then again), one process each; a figure
 is the median over repeats of each repeat's ratio, with [min, max]. docs/benchmarks.md, section "Speed guard",
 holds the record: the guard flags a figure whose median is worse than the recorded median by more than the recorded
-spread (max - min; at least 5 % of the median), and exits 1 if any is flagged.
+spread (max - min; at least 5 % of the median), and exits 1 if any is flagged. Run it on a quiet machine: the ratios
+are not load-free (with the test suite running beside it every figure came out 1.2x to 2.4x its quiet record), so
+it warns when the load average is above BUSY_LOAD before it starts, and the header records the load.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import multiprocessing as mp
 import os
@@ -46,6 +47,9 @@ BENCH = Path(__file__).resolve().parent
 DOC = REPO / "docs" / "benchmarks.md"
 SECTION = "## Speed guard (`bench/guard.py`)"
 TIMEOUT_S = 600.0
+# A 1-minute load average above this before the run means other work shares the CPUs: the ratios are not load-free
+# (fleetrl up's processes lose more to a busy machine than the one-process baseline does; docs/benchmarks.md).
+BUSY_LOAD = 1.0
 
 FIGURES = {
     "trainer_step": "trainer step / bare fwd+bwd+AdamW step (same model, same 128 samples)",
@@ -54,9 +58,6 @@ FIGURES = {
     "up_first_step": "`fleetrl up` O = 1 launch to first step / bare loop's",
     "version_to_replica": "0.45 GB fp32 version, publish to served by one hf replica / raw ZeroMQ loopback",
 }
-# (hidden, layers, heads, kv heads, intermediate): 113M parameters with a 512-token vocabulary, 0.45 GB in float32.
-VERSION_SHAPE = (768, 15, 12, 4, 2560)
-TINY_VERSION_SHAPE = (64, 2, 2, 1, 128)
 
 
 def _vs_trl() -> Any:
@@ -77,27 +78,6 @@ def warm_start(cache: Path, steps: int) -> Path:
 
 
 # --- the weight path --------------------------------------------------------------------------------------------
-
-
-def _replica(model_path: str, tasks: Any, results: Any) -> None:
-    """One hf replica (float32, one thread, as `fleetrl up` gives it) loading the versions it is told to."""
-    import torch
-
-    torch.set_num_threads(1)
-
-    async def serve() -> None:
-        from fleetrl.services.inference.hf_engine import HFEngine
-
-        engine = HFEngine(model_path, dtype="float32")
-        await engine.start()
-        results.put(("ready", 0.0))
-        while (task := await asyncio.to_thread(tasks.get)) is not None:
-            address, version = task
-            await engine.load_weights(version, address, timeout_s=TIMEOUT_S)
-            results.put(("loaded", time.monotonic()))
-        await engine.shutdown()
-
-    asyncio.run(serve())
 
 
 def _zmq_sink(address: str, frames: int, results: Any) -> None:
@@ -141,68 +121,33 @@ def raw_zmq_seconds(payload: Any, chunk: int = 64 << 20) -> float:
         ctx.term()
 
 
-def version_model(cache: Path, shape: tuple[int, int, int, int, int]) -> Path:
-    from fleetrl.tiny_model import build_tiny_model
+def _replica_serves() -> Any:
+    sys.path.insert(0, str(BENCH))
+    import replica_serves
 
-    hidden, layers, heads, kv_heads, inter = shape
-    out = cache / f"version-{hidden}x{layers}"
-    if not (out / "done").exists():
-        build_tiny_model(
-            out,
-            hidden_size=hidden,
-            num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            intermediate_size=inter,
-            max_position_embeddings=512,
-        )
-        (out / "done").write_text("")
-    return out
+    return replica_serves
 
 
-def measure_version(model_path: Path) -> dict[str, float]:
-    """One version from `publish` to served by one hf replica (the first version warms the path and is not
-    counted), and the same bytes over raw ZeroMQ loopback."""
+def measure_version(cache: Path, size: str) -> dict[str, float]:
+    """One float32 version from `publish` to served by one hf replica (bench/replica_serves.py's `measure`; the first
+    version warms the reused buffers and is not counted), and the same bytes over raw ZeroMQ loopback."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from safetensors.torch import load_file
 
-    from fleetrl.weights import WeightPublisher
-
-    ctx = mp.get_context("spawn")
-    tasks, results = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_replica, args=(str(model_path), tasks, results), daemon=True)
-    proc.start()
-    try:
-        assert results.get(timeout=TIMEOUT_S)[0] == "ready"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        state = {k: v.detach() for k, v in model.state_dict().items()}
-        del model
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        serves = 0.0
-        with WeightPublisher(keep_versions=1) as publisher:
-            for version in (1, 2):
-                with torch.no_grad():
-                    next(iter(state.values())).add_(1.0)  # a new version's bytes
-                started = time.monotonic()
-                publisher.publish(version, state, background=True)
-                tasks.put((publisher.address, version))
-                kind, loaded = results.get(timeout=TIMEOUT_S)
-                assert kind == "loaded"
-                serves = loaded - started
-        flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in state.values()])
-        raw = raw_zmq_seconds(flat)
-        return {"bytes": float(nbytes), "serves_s": serves, "raw_zmq_s": raw}
-    finally:
-        tasks.put(None)
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
+    replica_serves = _replica_serves()
+    path = replica_serves.build_model(cache, size)
+    served = replica_serves.measure(path, 1, 1, dtype="float32", modes=("zmq",), warmup=1)
+    tensors = [t for f in sorted(path.glob("*.safetensors")) for t in load_file(f).values()]
+    flat = torch.cat([t.float().reshape(-1).view(torch.uint8) for t in tensors])
+    return {"bytes": float(flat.numel()), "serves_s": served["zmq_serves_s"], "raw_zmq_s": raw_zmq_seconds(flat)}
 
 
 # --- the runs ---------------------------------------------------------------------------------------------------
 
 
-def one_repeat(init: Path, work: Path, version_path: Path, steps: int, rep: int) -> dict[str, dict[str, float]]:
+def one_repeat(
+    init: Path, work: Path, cache: Path, version_size: str, steps: int, rep: int
+) -> dict[str, dict[str, float]]:
     """One round of every arm, in order: bare loop, sync, O = 1, the weight path."""
     vs_trl = _vs_trl()
     out: dict[str, dict[str, float]] = {}
@@ -214,7 +159,7 @@ def one_repeat(init: Path, work: Path, version_path: Path, steps: int, rep: int)
             "train_s": result.get("train_s", result.get("perf", {}).get("perf/train_time", float("nan"))),
         }
         print(f"guard: repeat {rep} {arm}: {out[arm]}", file=sys.stderr, flush=True)
-    out["version"] = measure_version(version_path)
+    out["version"] = measure_version(cache, version_size)
     print(f"guard: repeat {rep} version: {out['version']}", file=sys.stderr, flush=True)
     return out
 
@@ -307,12 +252,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="dry run: a tiny version model (the suite's check)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    if load_before > BUSY_LOAD:
+        print(
+            f"guard: load average {load_before:.1f} before the run: other work is on this machine, and it slows "
+            "`fleetrl up`'s several processes more than the one-process baseline; run the guard on a quiet machine",
+            file=sys.stderr,
+        )
     args.cache.mkdir(parents=True, exist_ok=True)
     init = warm_start(args.cache, args.warm_steps)
-    version_path = version_model(args.cache, TINY_VERSION_SHAPE if args.tiny else VERSION_SHAPE)
+    version_size = "tiny" if args.tiny else "113M"
     results: dict[str, list[float]] = {name: [] for name in FIGURES}
     for rep in range(args.repeats):
-        run = one_repeat(init, args.cache / "runs", version_path, args.steps, rep)
+        run = one_repeat(init, args.cache / "runs", args.cache, version_size, args.steps, rep)
         for name, value in ratios(run).items():
             results[name].append(value)
     import torch
@@ -321,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"{datetime.date.today().isoformat()}, commit {commit.stdout.strip() or '?'}: {platform.node()}, "
         f"{os.cpu_count()} CPUs, torch {torch.__version__}, {args.repeats} repeats, "
-        f"{time.monotonic() - started:.0f} s"
+        f"{time.monotonic() - started:.0f} s, load average {load_before:.1f} before"
     )
     text, flagged = table(results, recorded(args.doc))
     print(f"# {header}\n\n{text}")

@@ -27,11 +27,12 @@ ARMS = {"serial": False, "overlapped": True}
 
 
 def prepare(cache: Path) -> tuple[Path, Path]:
-    """The model (bench/guard.py's 0.45 GB version model, built once) and the arithmetic rows (no warm start)."""
+    """The model (bench/replica_serves.py's 113M shape, 0.45 GB in float32, built once) and the arithmetic rows (no
+    warm start)."""
     sys.path.insert(0, str(REPO / "bench"))
-    from guard import VERSION_SHAPE, version_model
+    from replica_serves import build_model
 
-    model = version_model(cache, VERSION_SHAPE)
+    model = build_model(cache, "113M")
     rows = cache / "train.jsonl"
     if not rows.exists():
         lines = [json.dumps({"prompt": f"{a}+{b}=", "answer": str(a + b)}) for a in range(50) for b in range(0, 50, 7)]

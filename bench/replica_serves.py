@@ -44,7 +44,9 @@ TIMEOUT_S = 600.0
 MODES = ("zmq", "collective")
 # (hidden, layers, heads, kv heads, intermediate) of about 100M, 500M and 1B parameters with a 512-token vocabulary.
 SHAPES = {
+    "tiny": (64, 2, 2, 1, 128),  # dry runs (bench/guard.py --tiny)
     "100M": (768, 14, 12, 4, 2560),
+    "113M": (768, 15, 12, 4, 2560),  # 0.45 GB in float32: bench/guard.py's version, bench/overlap.py's model
     "500M": (1536, 18, 12, 4, 5120),
     "1B": (2048, 20, 16, 4, 6656),
 }
