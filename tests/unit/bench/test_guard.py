@@ -42,7 +42,10 @@ def test_a_recorded_table_reads_back_newest_first(tmp_path):
     assert text.index("### second") < text.index("### first") < text.index("## Next section")
     record = guard.recorded(path)
     assert set(record) == set(guard.FIGURES)
-    assert record["trainer_step"] == (2.1, 2.0, 2.2)  # the newest table's median [min, max]
+    # the newest table's median, the min and max over the two newest tables
+    assert record["trainer_step"] == (2.1, 1.0, 2.2)
+    guard.record_table(results(3.0), "third", path)
+    assert guard.recorded(path)["trainer_step"] == (3.15, 2.0, 3.3)  # the oldest no longer counts
     assert "text" in text and text.startswith("# Benchmarks")
 
 
