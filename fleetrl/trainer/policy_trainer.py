@@ -61,6 +61,7 @@ from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
 from fleetrl.trainer.step_batch import StepBatch, build_step_batch
+from fleetrl.weights.gather import gather_shards
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,9 @@ RefLogprobsFn = Callable[[list[list[int]], float], list[list[float]]]
 """(token sequences, temperature) -> per-sequence logprobs, N-1 per N tokens (the reference policy)."""
 WeightSink = Callable[..., Any]
 """(version, full state dict) -> anything; e.g. WeightPublisher.publish (its Manifest is kept). A LoRA run calls
-(version, adapter tensors, adapter=adapter config JSON)."""
+(version, adapter tensors, adapter=adapter config JSON). At world size > 1 it gets rank 0's own shards with
+``sharded=True, float_dtype=...`` while every other rank runs `gather_shards` beside it (WeightPublisher.publish
+gathers them one tensor at a time)."""
 
 
 class StepError(RuntimeError):
@@ -634,6 +637,14 @@ class PolicyTrainer:
             dtype = torch_dtype(self.cfg.inference_dtype or self.cfg.dtype)
             state_dict = lora.adapter_state_dict(self.model, self.ctx, dtype=dtype)
             sink_kwargs: dict[str, Any] = {"adapter": self.adapter_config}
+        elif self.ctx.enabled:
+            # World size > 1: every rank hands over its own shards; the sink on rank 0 (publish(sharded=True)) and
+            # gather_shards everywhere else gather one tensor at a time, cast on the device: nobody gathers the whole
+            # model (docs/weights.md, "Publishing a sharded model").
+            state_dict = self.model.state_dict()
+            sink_kwargs = {"sharded": True, "float_dtype": self._publish_dtype()}
+            if not (self.ctx.is_main and self.weight_sink is not None):
+                gather_shards(state_dict, sink_kwargs["float_dtype"])
         else:
             state_dict = fdist.full_state_dict(self.model, self.ctx)
             sink_kwargs = {}
@@ -653,6 +664,12 @@ class PolicyTrainer:
         if self.ctx.is_main and self.on_version_ready is not None:
             self.on_version_ready(self.version)
         return info
+
+    def _publish_dtype(self) -> torch.dtype | None:
+        """The dtype floating tensors are published in: inference_dtype when it differs from the training dtype."""
+        if self.cfg.inference_dtype in (None, self.cfg.dtype):
+            return None
+        return torch_dtype(self.cfg.inference_dtype)
 
     def _do_checkpoint(self, data_position: Any) -> Path:
         if data_position is not None:

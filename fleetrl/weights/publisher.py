@@ -33,6 +33,7 @@ from fleetrl.weights.collective_plan import (
     device_type,
 )
 from fleetrl.weights.errors import WeightTransferError
+from fleetrl.weights.gather import gather_shards
 from fleetrl.weights.manifest import Manifest, dtype_name, encode_manifest, spec_for_tensor, tensor_bytes
 from fleetrl.weights.server import MAX_REQUEST_BYTES, Deferred, Refusal, Session, WeightStreamServer
 from fleetrl.weights.staging import HostStaging, ServedBuffers
@@ -454,12 +455,6 @@ class WeightPublisher(WeightStreamServer):
         payload = self._chunk_payload(session.source, tensor_index, start, stop)
         if self._send(sock, peer, [b"chunk", header, payload]):
             self.counts["bytes_served"] += stop - start
-
-
-def gather_shards(state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None = None) -> None:
-    """A rank other than the publisher's in a sharded publish (``publish(..., sharded=True)`` on rank 0): takes part
-    in each tensor's gather and keeps nothing."""
-    HostStaging().gather(state_dict.values(), float_dtype, keep=False)
 
 
 def _check_state_dict(

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from fleetrl.weights.gather import ShardedWeights
+
 BUCKET_BYTES = 256 << 20
 _ALIGN = 64  # every tensor starts on a 64-byte boundary: any dtype view of its bytes is aligned
 
@@ -76,20 +78,16 @@ class HostStaging:
         served dtype, reused from one version to the next, pinned when the shards are on CUDA. Returns what
         `snapshot` does on that rank, ([], None) on the others."""
         tensors = list(tensors)
-        dtypes = [float_dtype if float_dtype is not None and t.is_floating_point() else t.dtype for t in tensors]
+        source = ShardedWeights({str(i): t for i, t in enumerate(tensors)}, float_dtype)
         cuda = any(t.is_cuda for t in tensors)
-        places, sizes = self._plan([t.numel() * d.itemsize for t, d in zip(tensors, dtypes, strict=True)])
+        places, sizes = self._plan([meta.nbytes for meta in source.metadata()])
         if keep:
             self._reserve(sizes, pinned=cuda)
         views = []
-        for tensor, dtype, (bucket, offset, nbytes) in zip(tensors, dtypes, places, strict=True):
-            full = tensor.detach()
-            if hasattr(full, "full_tensor"):  # a DTensor: this is the all-gather, on every rank
-                full = full.full_tensor()
-            if full.dtype != dtype:
-                full = full.to(dtype)  # on the device: a bfloat16 copy moves half the bytes
+        for (_, full), (bucket, offset, nbytes) in zip(source, places, strict=True):
             if keep:
-                view = self._buckets[bucket][offset : offset + nbytes].view(dtype).view(full.shape)
+                view = self._buckets[bucket][offset : offset + nbytes].view(full.dtype).view(full.shape)
+                # Pinned: queued on the current stream; the allocator reuses `full`'s memory only after it.
                 view.copy_(full, non_blocking=cuda and full.is_cuda)
                 views.append(view)
             del full
