@@ -327,11 +327,12 @@ class WeightPublisher(WeightStreamServer):
         future = self._stager.submit(self._run_stage, version, names, views, ready, adapter, float_dtype, started)
         self._staged = future
         logger.info(
-            "staged weights version %d: %d tensors, %.1f MB in %.2fs (cast, checksums and serving follow)",
+            "staged weights version %d: %d tensors, %.1f MB in %.2fs%s (cast, checksums and serving follow)",
             version,
             len(names),
             sum(v.numel() * v.element_size() for v in views) / 1e6,
             time.perf_counter() - started,
+            ", gathered shard by shard" if sharded else "",
         )
         return future
 

@@ -120,6 +120,8 @@ def test_up_runs_a_two_rank_fsdp_trainer_under_torchrun(up_run):
     trainer_log = (run_dir / "trainer.log").read_text()
     assert "torch.distributed.run" in trainer_log.splitlines()[0]
     assert "rank 1/2: process group up (gloo)" in trainer_log
+    # Each version was published from the ranks' own shards, one tensor at a time (issue 39 item 2).
+    assert "staged weights version 3: " in trainer_log and "gathered shard by shard" in trainer_log
     check_ledger(run_dir, steps=3, groups_per_step=2)
     assert (run_dir / "final" / "config.json").exists()  # exported from the sharded model
 
