@@ -5,7 +5,7 @@ A checkpoint is a folder `<checkpoint_dir>/step-<version>` holding:
   save and load without gathering; a checkpoint can be loaded by a different world size),
 - `trainer_state.json`: steps done, version, optimizer steps, published version, the data position
   the coordinator told us, the trained row ids (deduplication survives a restart), the LR scheduler
-  state,
+  state, the last steps' results (fleetrl.trainer.step_records),
 - `rng-rank<r>.json`: each rank's RNG states (torch, cuda, python `random`),
 - `manifest.json`, written last: every other file's size and SHA-256.
 
@@ -92,6 +92,9 @@ class TrainerState:
     trained_row_ids: list[int] = field(default_factory=list)  # checkpoints written before trained_rows; read only
     scheduler: dict[str, Any] = field(default_factory=dict)
     base_model: str = ""
+    # The newest steps' results (fleetrl.trainer.step_records), so a resumed trainer can give a controller that
+    # never heard back about a step that step's metrics line and samples.
+    step_records: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def version(self) -> int:

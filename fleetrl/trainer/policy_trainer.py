@@ -61,6 +61,7 @@ from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
 from fleetrl.trainer.step_batch import StepBatch, build_step_batch
+from fleetrl.trainer.step_records import keep_recent, result_fields, step_record
 from fleetrl.weights.gather import gather_shards
 
 logger = logging.getLogger(__name__)
@@ -582,6 +583,8 @@ class PolicyTrainer:
             info = self._do_publish()
             result.published = True
             metrics["perf/weight_publish_time"] = info.seconds
+        if self.ctx.is_main:  # in the checkpoint: a controller that never heard back gets it from a resumed trainer
+            self.state.step_records = keep_recent(self.state.step_records, step_record(result))
         save_every = self.cfg.dcp_save_interval
         if save_every and self.version % save_every == 0:
             result.checkpoint_path = str(self._do_checkpoint(header.get("data_position")))
@@ -698,7 +701,7 @@ class PolicyTrainer:
         self._trained_rows = RowIdSet.from_json(self.state.trained_rows)
         self._trained_rows.update(self.state.trained_row_ids)  # a checkpoint from before trained_rows
         self.state.trained_row_ids = []
-        self._results.clear()
+        self._results = {f["step"]: StepResult(**f) for f in map(result_fields, self.state.step_records) if f}
         self.last_publish = None
         return True
 

@@ -33,6 +33,7 @@ from fleetrl.controller.row_phases import RowPhases
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.controller.step_line import StepTimes, step_line
+from fleetrl.controller.step_recovery import recovered_line, steps_in_samples, steps_to_recover
 from fleetrl.controller.step_sums import StepSums
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
@@ -418,6 +419,7 @@ class Orchestrator:
             raise RunFailed(str(exc)) from None
         version = self.scheduler.gate.version
         self.cut_record(version)
+        await self.recover_record(version)
         if version == 0:
             return
         try:
@@ -777,6 +779,57 @@ class Orchestrator:
                 metrics = {k.removeprefix("eval/"): v for k, v in line.items() if k.startswith("eval/")}
                 self.evaluated[int(line["step"])] = metrics
 
+    async def recover_record(self, version: int) -> list[int]:
+        """Write the metrics line and the samples of each recent step up to `version` that the record lacks (the
+        controller was killed before it heard back about the step, or before it wrote the step's line), from the
+        trainer's result of the step: a TrainStep for a step already trained answers with it again
+        (fleetrl.controller.step_recovery). The files say what is missing, so a controller killed again halfway
+        through writes only the rest. Returns the steps it wrote something for."""
+        line_steps: set[int] = set()
+        if self.metrics_path.exists():
+            line_steps = {int(line.get("step", 0)) for line in one_per_step(read_lines(self.metrics_path))[0]}
+        sample_steps = steps_in_samples(Path(self.run_cfg.log_path) / SAMPLES_FILE)
+        written = []
+        for step in steps_to_recover(version, line_steps, sample_steps, self.run_cfg.log_samples_interval):
+            try:
+                stub = await self.live_trainer_stub()
+                request = trainer_pb2.TrainStepRequest(step=step)
+                reply = await stub.TrainStep(request, timeout=self.train_step_timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("step %d lacks its record and the trainer did not give it: %s", step, exc.details())
+                continue
+            if not reply.metrics:
+                log.warning(
+                    "step %d has no line in %s and the trainer kept no record of it (it resumed from a checkpoint "
+                    "written before it kept step records): that line stays missing",
+                    step,
+                    self.metrics_path.name,
+                )
+                continue
+            if step not in line_steps:
+                done_frac = done_fraction(
+                    step, self.scheduler.max_steps, self.scheduler.cursor.total_rows, self.scheduler.groups_per_step
+                )
+                line = recovered_line(
+                    dict(reply.metrics),
+                    step=step,
+                    version=int(reply.version),
+                    time=time.time(),
+                    done_frac=done_frac,
+                    counters=self.scheduler.counters,
+                )
+                self._append_metrics(line)
+            if step not in sample_steps and reply.samples:
+                self.trackers.log_samples(step, self._sample_rows(step, reply))
+            written.append(step)
+            log.warning(
+                "step %d was trained but its record was lost with the controller that ran it: its %s written again "
+                "from the trainer's result of it",
+                step,
+                "line and samples" if reply.samples and step not in sample_steps else "line",
+            )
+        return written
+
     async def finish(self) -> None:
         position = json.dumps(
             {"epoch": self.scheduler.cursor.position.epoch, "index": self.scheduler.cursor.position.index}
@@ -897,6 +950,14 @@ class Orchestrator:
         self.trackers.close(failed=failed)
 
     # --- metrics -------------------------------------------------------------------------------
+    @staticmethod
+    def _sample_rows(step: int, reply: Any) -> list[dict[str, Any]]:
+        """The logged samples of a TrainStep reply, as samples.jsonl rows."""
+        return [
+            LoggedSample(step, s.row_id, s.prompt, s.completion, s.reward, s.version_offset, s.finish_reason).as_row()
+            for s in reply.samples
+        ]
+
     def write_metrics(self, step: StepAssignment, reply: Any, times: StepTimes) -> None:
         line = step_line(
             dict(reply.metrics),
@@ -920,13 +981,7 @@ class Orchestrator:
         self.step_sums.add(line)
         self._append_metrics(line)
         if reply.samples:
-            rows = [
-                LoggedSample(
-                    step.step, s.row_id, s.prompt, s.completion, s.reward, s.version_offset, s.finish_reason
-                ).as_row()
-                for s in reply.samples
-            ]
-            self.trackers.log_samples(step.step, rows)
+            self.trackers.log_samples(step.step, self._sample_rows(step.step, reply))
         log.info(
             "step %d version %d reward %.3f offset_max %d wait %.2fs train %.2fs",
             step.step,
