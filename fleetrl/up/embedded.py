@@ -53,6 +53,7 @@ def main(
     from fleetrl.model_path import ModelNotFoundError, check_model_path
     from fleetrl.up.log_dir import LogDirError
     from fleetrl.up.run import check_log_dir
+    from fleetrl.up.start_checks import check_inputs
 
     run_options = {k: v for k, v in options.items() if k in Config.model_fields}
     cookbook_up = cfg.cookbook_up_options  # DeployConfig.replica_count; main()'s own keyword arguments win
@@ -80,6 +81,7 @@ def main(
         up_data: dict[str, Any] = {"rollout": rollout, **cookbook_up, **up_options}
         up = main_options(up_data)
         check_model_path(cfg.base_model or "", "base_model")  # "no model at PATH" now, not a service's hub error
+        check_inputs(cfg, up, Path.cwd())  # the teacher, the judge, a custom loss, the environment (start_checks)
         # Before anything is written: a refused log_path keeps the rows and config of the run it holds.
         lock = check_log_dir(cfg, up, resume=resume, overwrite=overwrite)
     except (LogDirError, ModelNotFoundError, ConfigError) as exc:

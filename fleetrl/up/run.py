@@ -54,6 +54,12 @@ from fleetrl.up.inprocess_gateway import (
 )
 from fleetrl.up.log_dir import JOURNAL, LogDirError, RunLock, lock_run_folders, prepare_log_dir, run_files
 from fleetrl.up.progress import Progress, planned_steps
+from fleetrl.up.start_checks import (
+    check_custom_loss,
+    check_model_folder,
+    check_process_environment,
+    check_run_environment,
+)
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
 
@@ -809,6 +815,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--restart-weights goes with --resume")
     try:
         run, up, run_sets = load_run_and_up(args.config, args.set)
+        check_process_environment(os.environ, up.auth_token)  # what every service reads as it starts
         if not run.base_model and up.controller_address is None:
             raise ConfigError("run.base_model: the model to train is required")
         if up.controller_address is None:
@@ -817,9 +824,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"run.base_model: {adapter}")
             check_model_path(run.tokenizer_model or "", "run.tokenizer_model")
             check_warm_start_adapter(run)  # the trainer runs here: its adapter folder must be here too
+            check_model_folder(run.teacher_model, "run.teacher_model")  # a model: config.json and weights
             check_teacher_model(run)  # the teacher's tokenizer against the run's, before anything starts
             if up.judge_model is not None:
                 check_model_path(up.judge_model, "up.judge_model")
+                check_model_folder(up.judge_model, "up.judge_model")
+            check_custom_loss(run, args.config.parent)  # imported and tried as the trainer will
         check_trackers_available(run.loggers)  # a missing extra fails here, before any service starts
         if up.evaluation and not run.eval_dataset and evaluation_needs_rows(up.evaluation, args.config.parent):
             raise ConfigError("run.eval_dataset: [up] evaluation is set: name the held-out rows (JSONL or Parquet)")
@@ -828,6 +838,7 @@ def main(argv: list[str] | None = None) -> int:
         check_group_size(run)
         check_user_code(up, args.config.parent)  # before check_log_dir, which may delete (--overwrite)
         check_advantage_estimator(run.advantage_estimator)
+        check_run_environment(run, args.config.parent)  # rollout_extras.environment: loaded, with tasks
         lock = check_log_dir(run, up, resume=args.resume, overwrite=args.overwrite)
     except (ConfigError, LogDirError, ModelNotFoundError, TrackerError) as exc:
         print(f"fleetrl up: {exc}", file=sys.stderr)
