@@ -81,7 +81,7 @@ def main(
         up_data: dict[str, Any] = {"rollout": rollout, **cookbook_up, **up_options}
         up = main_options(up_data)
         check_model_path(cfg.base_model or "", "base_model")  # "no model at PATH" now, not a service's hub error
-        check_inputs(cfg, up, Path.cwd())  # the teacher, the judge, a custom loss, the environment (start_checks)
+        check_inputs(cfg, up, Path.cwd(), rollout_fn_factory)  # teacher, judge, loss, environment (start_checks)
         # Before anything is written: a refused log_path keeps the rows and config of the run it holds.
         lock = check_log_dir(cfg, up, resume=resume, overwrite=overwrite)
     except (LogDirError, ModelNotFoundError, ConfigError) as exc:

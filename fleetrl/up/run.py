@@ -56,6 +56,7 @@ from fleetrl.up.log_dir import JOURNAL, LogDirError, RunLock, lock_run_folders, 
 from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.start_checks import (
     check_custom_loss,
+    check_factory_signature,
     check_model_folder,
     check_process_environment,
     check_run_environment,
@@ -74,7 +75,8 @@ def user_spec(spec: str, config_dir: Path) -> str:
 def check_user_code(up: UpConfig, config_dir: Path) -> None:
     """The user's code that `[up]` names (`rollout`, `evaluation`, `dynamic_filter`), loaded here as a gateway will
     load it (`check_user_object`), before any service starts."""
-    check_user_object("up.rollout", user_spec(up.rollout, config_dir), config_dir)
+    rollout = user_spec(up.rollout, config_dir)
+    check_factory_signature("up.rollout", rollout, check_user_object("up.rollout", rollout, config_dir))
     if up.evaluation:
         check_user_object("up.evaluation", user_spec(up.evaluation, config_dir), config_dir)
     if up.dynamic_filter and up.dynamic_filter != "uniform":  # handed to the gateways as written
@@ -99,11 +101,11 @@ def check_advantage_estimator(name: str) -> None:
             sys.path.remove(path)
 
 
-def check_user_object(field: str, spec: str, config_dir: Path) -> None:
+def check_user_object(field: str, spec: str, config_dir: Path) -> Any:
     """`spec` names a callable the gateways can load: imported here, with the run config's folder and the working
     directory on the import path as a gateway has them (its PYTHONPATH, `python -m`). Raises ConfigError naming
     `field` and what is wrong (no such module, file or attribute, an error the module raised on import, not a
-    callable), instead of a gateway failing with it after every service started."""
+    callable), instead of a gateway failing with it after every service started. Returns the callable."""
     from fleetrl.user_code import load_object
 
     added = [p for p in (str(config_dir.resolve()), os.getcwd()) if p not in sys.path]
@@ -120,6 +122,7 @@ def check_user_object(field: str, spec: str, config_dir: Path) -> None:
                 sys.path.remove(path)
     if not callable(loaded):
         raise ConfigError(f"{field}: {spec!r} is a {type(loaded).__name__}, not a callable")
+    return loaded
 
 
 def evaluation_needs_rows(spec: str, config_dir: Path) -> bool:

@@ -15,12 +15,14 @@ fleetrl.up.run.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from fleetrl.config import Config, ConfigError
 from fleetrl.model_path import adapter_instead_of_model, looks_like_path
@@ -159,14 +161,34 @@ def check_process_environment(environ: Mapping[str, str], auth_token: str | None
         )
 
 
-def check_inputs(run: Config, up: UpConfig, config_dir: Path) -> None:
+def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: Any = None) -> None:
     """Every check of this module, for a run `fleetrl.main()` starts (`fleetrl up` calls them one by one, in the
-    order of its other checks): the environment variables, and, unless the run only attaches gateways to a running
-    controller, the teacher's and the judge's folders and a custom loss; the run's environment always (the
-    gateways load it)."""
+    order of its other checks): the environment variables, the rollout factory's signature (when it is a Python
+    object), and, unless the run only attaches gateways to a running controller, the teacher's and the judge's
+    folders and a custom loss; the run's environment always (the gateways load it)."""
     check_process_environment(os.environ, up.auth_token)
+    if callable(rollout_factory):
+        check_factory_signature("rollout_fn_factory", up.rollout, rollout_factory)
     if up.controller_address is None:
         check_model_folder(run.teacher_model, "teacher_model")
         check_model_folder(up.judge_model, "judge_model")
         check_custom_loss(run, config_dir)
     check_run_environment(run, config_dir)
+
+
+def check_factory_signature(field: str, spec: str, factory: Any) -> None:
+    """A rollout factory is called with one argument, the run's `RolloutSetup` (`make_rollout_fn(setup) ->
+    rollout_fn`, by every gateway as it starts): one whose parameters cannot take that call is refused naming
+    `field`. A callable whose signature cannot be read (a builtin) is left to the gateway."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(object())
+    except TypeError:
+        shown = f"{getattr(factory, '__name__', type(factory).__name__)}{signature}"
+        raise ConfigError(
+            f"{field}: {spec!r} is {shown}: a rollout factory is called with one argument, the run's RolloutSetup "
+            "(def make_rollout_fn(setup) -> rollout_fn)"
+        ) from None

@@ -191,3 +191,42 @@ def test_fleetrl_main_refuses_a_bad_custom_loss_or_teacher_before_anything_start
     assert main(bad_teacher, rollout_fn_factory=lambda setup: None, rows=[{"prompt": "a"}])["exit_code"] == 2
     assert capsys.readouterr().err.startswith("fleetrl.main: teacher_model: ")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize(
+    ("module", "shown"),
+    [
+        ("def make():\n    return None\n", "make()"),
+        ("def make(setup, tokenizer):\n    return None\n", "make(setup, tokenizer)"),
+        ("def make(*, setup):\n    return None\n", "make(*, setup)"),
+    ],
+)
+def test_a_rollout_factory_that_cannot_take_the_setup_is_refused_at_start(tmp_path, capsys, monkeypatch, module, shown):
+    # Before: imported and found callable, then every gateway failed calling it with the setup (a TypeError).
+    (tmp_path / "factory_45.py").write_text(module)
+    config = write_config(tmp_path, rollout="factory_45.py:make")
+    err = refused(config, capsys, monkeypatch, "up.rollout: ")
+    assert f"is {shown}: a rollout factory is called with one argument, the run's RolloutSetup" in err
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "def make(setup, extra=1):\n    return None\n",
+        "def make(*args, **kwargs):\n    return None\n",
+        "class make:\n    def __init__(self, setup):\n        pass\n",
+    ],
+)
+def test_a_rollout_factory_that_takes_the_setup_starts(tmp_path, capsys, monkeypatch, module):
+    (tmp_path / "factory_ok_45.py").write_text(module)
+    starts(write_config(tmp_path, rollout="factory_ok_45.py:make"), capsys, monkeypatch)
+
+
+def test_fleetrl_main_refuses_a_rollout_factory_without_the_setup(tmp_path, tiny_model_dir, capsys, monkeypatch):
+    from fleetrl import Config, main
+    from fleetrl.up import embedded
+
+    monkeypatch.setattr(embedded, "_launch", lambda *a, **k: pytest.fail("services were started"))
+    cfg = Config(base_model=tiny_model_dir, log_path=str(tmp_path / "a"))
+    assert main(cfg, rollout_fn_factory=lambda: None, rows=[{"prompt": "a"}])["exit_code"] == 2
+    assert capsys.readouterr().err.startswith("fleetrl.main: rollout_fn_factory: ")
