@@ -83,6 +83,27 @@ class Config(BaseModel):
         description="Recompute the decoder layers' activations in backward; auto = for micro-batches of at least "
         "4096 tokens (long rows), off for shorter ones.",
     )
+    gradient_checkpointing_every: int = Field(
+        1,
+        ge=1,
+        description="Checkpoint every k-th decoder layer only (layers 0, k, 2k, ...; the others keep their "
+        "activations): less recomputation for more memory; 1 = every layer.",
+    )
+    gradient_checkpointing_scope: Literal["layer", "attention", "mlp"] = Field(
+        "layer",
+        description="What a checkpointed layer recomputes: the whole layer, only its attention (projections, RoPE, "
+        "attention) or only its MLP (docs/trainer.md, 'Activation checkpointing').",
+    )
+    liger_kernels: bool | Literal["auto"] = Field(
+        "auto",
+        description="Liger's fused RMSNorm, SwiGLU, RoPE and linear cross-entropy logprob head (the `liger` extra): "
+        "auto = on CUDA when installed; true requires them (fails at start without CUDA or the package).",
+    )
+    compile_layers: bool = Field(
+        False,
+        description="torch.compile each decoder layer on its own (one graph reused by every layer); the first "
+        "steps pay the compile time.",
+    )
     packing: bool = Field(
         True,
         description="Concatenate a micro-batch's samples into one row with per-sample positions (no compute on "

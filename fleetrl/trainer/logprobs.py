@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from fleetrl.trainer.kernels import Kernels, model_kernels
+
 DEFAULT_CHUNK_TOKENS = 1024
 
 
@@ -111,23 +113,52 @@ def _chunk_logprobs(
 
 
 class _Head:
-    """What the swapped-in lm_head computes: logprobs of `targets` (and entropy) chunk by chunk."""
+    """What the swapped-in lm_head computes: logprobs of `targets` (and entropy) chunk by chunk, or through the
+    model's fused linear-logprob kernel (fleetrl.trainer.kernels) when one is swapped in for this device."""
 
     def __init__(
-        self, linear: torch.nn.Module, targets_N: torch.Tensor, temperature: float, chunk: int, entropy: bool
+        self,
+        linear: torch.nn.Module,
+        targets_N: torch.Tensor,
+        temperature: float,
+        chunk: int,
+        entropy: bool,
+        kernels: Kernels | None = None,
     ) -> None:
         self.linear = linear
         self.targets_N = targets_N
         self.temperature = temperature
         self.chunk = chunk
         self.entropy = entropy
+        self.kernels = kernels
         self.entropy_N: torch.Tensor | None = None
+
+    def _fused(self, hidden_NH: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """Target logprobs through the kernel ((h / T) W^T + b / T is the tempered logits); the entropy, a metric
+        without gradient, chunk by chunk in plain torch."""
+        assert self.kernels is not None
+        t = self.temperature
+        scaled = hidden_NH if t == 1.0 else hidden_NH / t
+        scaled_bias = bias if bias is None or t == 1.0 else bias / t
+        logprobs_N = self.kernels.linear_logprobs(scaled, weight, scaled_bias, self.targets_N)
+        if self.entropy:
+            with torch.no_grad():
+                parts = [
+                    _chunk_logprobs(
+                        hidden_NH[s : s + self.chunk], weight, bias, self.targets_N[s : s + self.chunk], t, True
+                    )[1]
+                    for s in range(0, hidden_NH.shape[0], self.chunk)
+                ]
+            self.entropy_N = torch.cat(parts)
+        return logprobs_N
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden_NH = hidden.reshape(-1, hidden.shape[-1])
         if hidden_NH.shape[0] != self.targets_N.shape[0]:
             raise ValueError(f"chunked head: {hidden_NH.shape[0]} positions for {self.targets_N.shape[0]} targets")
         weight, bias = self.linear.weight, getattr(self.linear, "bias", None)
+        if self.kernels is not None and self.kernels.device_type in (None, hidden_NH.device.type):
+            return self._fused(hidden_NH, weight, bias).view(hidden.shape[:-1])
         grad = torch.is_grad_enabled() and (hidden_NH.requires_grad or weight.requires_grad)
         # A row of one chunk keeps its logits for backward instead of recomputing them: the head's backward runs
         # first, while every layer's activations are still alive, so the peak is the same either way, and the
@@ -192,7 +223,7 @@ def packed_logprobs(
         logprobs = logp.gather(-1, batch.targets_N.unsqueeze(-1)).squeeze(-1)
         ent = -(logp.detach().exp() * logp.detach()).sum(-1) if entropy else None
         return logprobs, ent
-    head = _Head(torch.nn.Identity(), batch.targets_N, temperature, chunk_tokens, entropy)
+    head = _Head(torch.nn.Identity(), batch.targets_N, temperature, chunk_tokens, entropy, model_kernels(model))
     with _chunked_head(model, head):
         logprobs = model(**kwargs, use_cache=False).logits
     return logprobs.reshape(-1), head.entropy_N
@@ -214,7 +245,7 @@ def padded_logprobs(
         raise ValueError(
             "padded_logprobs: chunk_tokens must be > 0 (full logits: fleetrl.trainer.model.target_logprobs)"
         )
-    head = _Head(torch.nn.Identity(), targets_BT.reshape(-1), temperature, chunk_tokens, entropy)
+    head = _Head(torch.nn.Identity(), targets_BT.reshape(-1), temperature, chunk_tokens, entropy, model_kernels(model))
     with _chunked_head(model, head):
         logprobs_BT = model(input_ids=input_ids_BT, use_cache=False).logits
     entropy_BT = head.entropy_N.view(targets_BT.shape) if head.entropy_N is not None else None
@@ -222,13 +253,9 @@ def padded_logprobs(
 
 
 def set_activation_checkpointing(model: torch.nn.Module, on: bool) -> int:
-    """Turn activation checkpointing of the decoder layers on or off for the next forwards (the layers must have
-    been prepared by `gradient_checkpointing_enable`); returns how many layers were set."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
+    """Turn activation checkpointing of the decoder layers on or off for the next forwards, as installed
+    (fleetrl.trainer.layers: whole layers, every k-th, attention or MLP only; or HF's `gradient_checkpointing_enable`,
+    every whole layer); returns how many layers (or sublayers) are now checkpointed."""
+    from fleetrl.trainer.layers import set_checkpointing
 
-    count = 0
-    for module in model.modules():
-        if isinstance(module, GradientCheckpointingLayer) and hasattr(module, "_gradient_checkpointing_func"):
-            module.gradient_checkpointing = on
-            count += 1
-    return count
+    return set_checkpointing(model, on)

@@ -1,18 +1,25 @@
-"""Loading the policy (any HF causal LM by path) and its per-token logprob forward.
+"""Loading the policy (any HF causal LM by path), its training options, and its per-token logprob forward.
 
 The forward is the one place logprobs are computed for training, for the reference service and for the
 benchmarks, so all three agree to the last bit on the same weights and batch.
+
+`ModelOptions` is what the trainer does to the loaded model before sharding it, in this order: swap in fused kernels
+(fleetrl.trainer.kernels), install activation checkpointing (fleetrl.trainer.layers: whole layers, every k-th, or
+attention / MLP only), compile each decoder layer. `model_options(cfg, device)` reads them from the run config.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fleetrl.model_path import adapter_instead_of_model, check_model_path
 from fleetrl.trainer.datum import gather_target_logprobs, shift_tokens
+from fleetrl.trainer.kernels import Kernels, choose_kernels, swap_in
+from fleetrl.trainer.layers import CheckpointPlan, compile_layers, install_checkpointing
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +33,59 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
 
 
+@dataclass(frozen=True)
+class ModelOptions:
+    """What is done to a trainable model after loading and before sharding (see the module docstring)."""
+
+    checkpointing: CheckpointPlan | None = None  # None: activations kept
+    kernels: Kernels | None = None  # None: the model's own modules
+    compile_layers: bool = False
+
+    def with_checkpointing(self, on: bool) -> ModelOptions:
+        """These options with whole-layer checkpointing of every layer when `on` and none is set."""
+        if not on or self.checkpointing is not None:
+            return self
+        return ModelOptions(CheckpointPlan(), self.kernels, self.compile_layers)
+
+
+def model_options(cfg: Any, device: torch.device) -> ModelOptions:
+    """The run config's model options on `device` (fields absent from `cfg` take their defaults); logs them once.
+    `liger_kernels = true` without CUDA or the package raises, naming the field."""
+    checkpointing = getattr(cfg, "gradient_checkpointing", False)
+    plan = (
+        CheckpointPlan(
+            every=int(getattr(cfg, "gradient_checkpointing_every", 1)),
+            scope=getattr(cfg, "gradient_checkpointing_scope", "layer"),
+        )
+        if checkpointing
+        else None
+    )
+    liger = getattr(cfg, "liger_kernels", "auto")
+    kernels = choose_kernels(liger, device)
+    options = ModelOptions(plan, kernels, bool(getattr(cfg, "compile_layers", False)))
+    logger.info(
+        "model options on %s: kernels %s, activation checkpointing %s, compile per layer %s",
+        device.type,
+        "liger" if kernels is not None else f"the model's own (liger_kernels = {liger})",
+        "off" if plan is None else f"{plan.scope} of every {plan.every} layer(s) ({checkpointing})",
+        "on" if options.compile_layers else "off",
+    )
+    return options
+
+
+def apply_model_options(model: torch.nn.Module, options: ModelOptions) -> torch.nn.Module:
+    """Swap in the kernels, install the checkpointing, compile the layers (in that order: the compiled graph is of
+    the forward the layer will run); returns `model`."""
+    if options.kernels is not None:
+        swapped = swap_in(model, options.kernels)
+        logger.info("kernels %s swapped in: %s", options.kernels.name, swapped)
+    if options.checkpointing is not None:
+        install_checkpointing(model, options.checkpointing)
+    if options.compile_layers:
+        logger.info("torch.compile: %d decoder layers", compile_layers(model))
+    return model
+
+
 def load_causal_lm(
     path: str,
     *,
@@ -33,10 +93,12 @@ def load_causal_lm(
     gradient_checkpointing: bool = False,
     device: str | torch.device = "cpu",
     trainable: bool = True,
+    options: ModelOptions | None = None,
 ) -> torch.nn.Module:
     """Load an HF causal LM from a local path or hub id, in `dtype`, on `device`.
 
-    trainable=False gives a frozen eval-mode copy (the reference policy): no grads, never stepped.
+    trainable=False gives a frozen eval-mode copy (the reference policy): no grads, never stepped. A trainable
+    model gets `options` (`gradient_checkpointing` adds whole-layer checkpointing when they set none).
     """
     from transformers import AutoModelForCausalLM
 
@@ -55,9 +117,7 @@ def load_causal_lm(
     model.config.use_cache = False
     if trainable:
         model.train()
-        if gradient_checkpointing:
-            # Non-reentrant checkpointing works with FSDP2 and with inputs that need no grad.
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        apply_model_options(model, (options or ModelOptions()).with_checkpointing(bool(gradient_checkpointing)))
     else:
         model.eval()
         model.requires_grad_(False)

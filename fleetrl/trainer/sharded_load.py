@@ -8,6 +8,11 @@ read of those bytes). A rank's peak memory is about its shards plus one paramete
 model in the checkpoint's dtype plus the whole model in the trainer's (bench/sharded_load.py; docs/trainer.md,
 "Sharded loading").
 
+A LoRA run loads the same way: the PEFT wrapper goes around the model while it is still on meta (`wrap`), so the
+adapter is sharded with its layers, and the adapter's starting values (`start_tensors`: a new adapter's seeded init
+or a warm-start adapter's file, fleetrl.trainer.lora) fill their rows as the checkpoint's do; the base layers' names
+under PEFT (`q_proj.base_layer.weight`) read the checkpoint's (`q_proj.weight`).
+
 Handles: single-file and sharded checkpoints (`model.safetensors.index.json`), uneven chunks (a parameter whose
 first dimension does not divide by the ranks: the last ranks get fewer rows or none, as `torch.chunk`), tied
 embeddings (the lm head absent from the file, read through the embedding it shares), HSDP meshes (replicated
@@ -26,7 +31,7 @@ from typing import Any
 import torch
 
 from fleetrl.model_path import adapter_instead_of_model, check_model_path
-from fleetrl.trainer.model import torch_dtype
+from fleetrl.trainer.model import ModelOptions, apply_model_options, torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +120,28 @@ def _tied_sources(model: torch.nn.Module) -> dict[str, list[str]]:
     return {aliases[0]: aliases for aliases in names.values()}
 
 
+def _stored_names(name: str) -> list[str]:
+    """The checkpoint names a parameter may be stored under: its own, and without PEFT's `base_layer.` level."""
+    plain = name.replace(".base_layer.", ".")
+    return [name] if plain == name else [name, plain]
+
+
 @torch.no_grad()
-def load_shards(model: torch.nn.Module, path: str | Path) -> int:
+def _fill_from(param: torch.Tensor, value: torch.Tensor, name: str) -> None:
+    """Copy this rank's rows of the full tensor `value` into `param` (a DTensor shard or a plain tensor)."""
+    if tuple(value.shape) != tuple(param.shape):
+        raise ValueError(f"{name}: the starting value is {list(value.shape)}, the model has {list(param.shape)}")
+    local = param.to_local() if hasattr(param, "to_local") else param
+    rows = local_rows(param)
+    local.copy_(value if rows is None else value[rows[0] : rows[1]])
+
+
+@torch.no_grad()
+def load_shards(model: torch.nn.Module, path: str | Path, start_tensors: dict[str, torch.Tensor] | None = None) -> int:
     """Fill every parameter of the sharded, materialised `model` with its rows from the safetensors files of `path`,
     cast to the parameter's dtype; returns the bytes read. A parameter the files lack (under none of its tied
-    names) fails, naming it.
+    names) fails, naming it. `start_tensors` (full tensors by parameter name, e.g. a LoRA adapter's starting values)
+    fill the parameters they name instead of the files. A PEFT model is filled through the model it wraps.
 
     Each slice is read through its own `safe_open`: the slice is a view of the memory-mapped file, and its pages
     count in the rank's resident memory for as long as the file stays open, so one open file for the lot would
@@ -128,10 +150,17 @@ def load_shards(model: torch.nn.Module, path: str | Path) -> int:
     from safetensors import safe_open
 
     files = checkpoint_files(path)
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    start_tensors = start_tensors or {}
     aliases = _tied_sources(model)
     read = 0
     for name, param in model.named_parameters():
-        stored = next((alias for alias in aliases.get(name, [name]) if alias in files), None)
+        if name in start_tensors:
+            _fill_from(param, start_tensors[name], name)
+            continue
+        candidates = [stored for alias in aliases.get(name, [name]) for stored in _stored_names(alias)]
+        stored = next((alias for alias in candidates if alias in files), None)
         if stored is None:
             raise ValueError(f"base_model: {path} has no tensor {name!r} (nor any name it is tied to)")
         local = param.to_local() if hasattr(param, "to_local") else param
@@ -167,12 +196,18 @@ def load_sharded_causal_lm(
     dtype: str = "float32",
     gradient_checkpointing: bool = False,
     device: str | torch.device = "cpu",
+    options: ModelOptions | None = None,
+    wrap: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
+    start_tensors: Callable[[torch.nn.Module], dict[str, torch.Tensor]] | None = None,
 ) -> torch.nn.Module:
     """The HF causal LM at the local folder `path`, built on meta, sharded by `shard` (e.g. `fdist.shard_model` with
     the trainer's mesh and precision), materialised on `device` and filled rank by rank from its safetensors files.
 
-    What `load_causal_lm` gives, sharded: parameters in `dtype`, train mode, `use_cache` off, non-reentrant
-    activation checkpointing when asked for. Every rank must call it (the mesh is collective)."""
+    What `load_causal_lm` gives, sharded: parameters in `dtype`, train mode, `use_cache` off, `options` applied
+    before sharding (`gradient_checkpointing` adds whole-layer checkpointing when they set none). `wrap` (e.g.
+    fleetrl.trainer.lora.wrap_with_lora) wraps the model on meta before it is sharded, and `start_tensors(model)`
+    gives the full starting values of the parameters the checkpoint does not hold (the adapter's). Every rank must
+    call it (the mesh is collective)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not path:
@@ -191,8 +226,10 @@ def load_sharded_causal_lm(
         model = AutoModelForCausalLM.from_config(config, dtype=torch_type)
     model.config.use_cache = False
     model.train()
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if wrap is not None:
+        model = wrap(model)
+    starting = start_tensors(model) if start_tensors is not None else None
+    apply_model_options(model, (options or ModelOptions()).with_checkpointing(bool(gradient_checkpointing)))
     # to_empty replaces buffers too: keep the ones computed at init (rotary inv_freq) and put them back.
     buffers = {name: buf.detach().clone() for name, buf in model.named_buffers()}
     shard(model)
@@ -201,6 +238,6 @@ def load_sharded_causal_lm(
         module_name, _, buffer_name = name.rpartition(".")
         owner = model.get_submodule(module_name) if module_name else model
         getattr(owner, buffer_name).copy_(value.to(device))
-    read = load_shards(model, path)
+    read = load_shards(model, path, starting)
     logger.info("loaded %s sharded: %.1f MB read by this rank", path, read / 1e6)
     return model
