@@ -6,8 +6,11 @@
     with model.disable_adapter(): ...                              # the base model: reference logprobs
 
 The adapter follows Hu et al. 2021 (LoRA): W x + (alpha / r) B A x with A [r, in], B [out, r], B = 0 at start,
-so version 0 of a LoRA run is the base model. Tensor names and the config are exactly what PEFT's
-`save_pretrained` writes (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), so a published
+so version 0 of a LoRA run is the base model. A new adapter's A is PEFT's default init (kaiming-uniform with
+a = sqrt(5): U(-1/sqrt(in), 1/sqrt(in))) drawn from a generator seeded by the run's seed and the parameter's name
+(`initial_adapter`), so a rank that builds the model on meta and fills only its own rows (the sharded loader,
+fleetrl.trainer.sharded_load) gets exactly the adapter a whole load gets. Tensor names and the config are exactly
+what PEFT's `save_pretrained` writes (`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`), so a published
 version, the promoted `final/` and an adapter from elsewhere are interchangeable.
 """
 
@@ -16,6 +19,8 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -67,23 +72,36 @@ def lora_config(cfg: Any, model: torch.nn.Module | None = None) -> Any:
 
 
 def wrap_with_lora(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
-    """The PEFT model around `model`: a new adapter (B = 0, seeded A), or `cfg.warm_start_from_adapter`'s.
+    """The PEFT model around `model`: a new adapter (B = 0, A seeded by `cfg.seed`: `initial_adapter`), or
+    `cfg.warm_start_from_adapter`'s.
 
     Everything but the adapter is frozen. The adapter's parameters stay float32 when the base is bfloat16
-    (PEFT's autocast_adapter_dtype), so AdamW updates full-precision master weights.
+    (PEFT's autocast_adapter_dtype), so AdamW updates full-precision master weights. A model on the meta device
+    (the sharded loader's) gets the adapter's structure only: `adapter_start_tensors` gives its values.
     """
     try:
-        from peft import PeftModel, get_peft_model
+        from peft import LoraConfig, PeftModel, get_peft_model
     except ImportError as exc:
         raise ValueError(f"lora_rank = {cfg.lora_rank} needs PEFT: pip install 'fleetrl[lora]' ({exc})") from exc
 
     from fleetrl.config import check_warm_start_adapter
 
+    on_meta = any(p.device.type == "meta" for p in model.parameters())
     if check_warm_start_adapter(cfg) is not None:
-        peft_model = PeftModel.from_pretrained(model, cfg.warm_start_from_adapter, is_trainable=True)
+        if on_meta:
+            config = LoraConfig.from_pretrained(cfg.warm_start_from_adapter)
+            config.inference_mode = False
+            peft_model = get_peft_model(model, config)
+        else:
+            peft_model = PeftModel.from_pretrained(model, cfg.warm_start_from_adapter, is_trainable=True)
         logger.info("LoRA: warm start from the adapter at %s", cfg.warm_start_from_adapter)
     else:
         peft_model = get_peft_model(model, lora_config(cfg, model))
+        if not on_meta:
+            with torch.no_grad():
+                base = peft_model.get_base_model()
+                for name, value in initial_adapter(peft_model, cfg.seed).items():
+                    base.get_parameter(name).copy_(value)
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in peft_model.parameters())
     logger.info(
@@ -94,6 +112,47 @@ def wrap_with_lora(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
         100.0 * trainable / max(total, 1),
     )
     return peft_model
+
+
+def initial_adapter(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """A new adapter's full tensors (float32, CPU), named as the wrapped base model's parameters: every lora_A
+    U(-1/sqrt(in), 1/sqrt(in)) (PEFT's default: kaiming-uniform with a = sqrt(5)) from a generator seeded by `seed`
+    and the name, every lora_B zeros. The same on every rank and whatever device the parameters are on."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out: dict[str, torch.Tensor] = {}
+    for name, param in base.named_parameters():
+        if not param.requires_grad:
+            continue
+        if ".lora_A." in name:
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 63))
+            bound = 1.0 / math.sqrt(param.shape[1])
+            out[name] = (torch.rand(tuple(param.shape), generator=gen) * 2 - 1) * bound
+        elif ".lora_B." in name:
+            out[name] = torch.zeros(tuple(param.shape))
+        else:
+            raise ValueError(f"LoRA: no initial value for the trainable parameter {name!r} (only lora_A / lora_B)")
+    return out
+
+
+def adapter_start_tensors(model: torch.nn.Module, cfg: Any) -> dict[str, torch.Tensor]:
+    """The adapter's values at the start of a run, named as the wrapped base model's parameters: the warm-start
+    adapter's file (`cfg.warm_start_from_adapter`) or a new adapter (`initial_adapter`)."""
+    if cfg.warm_start_from_adapter is None:
+        return initial_adapter(model, cfg.seed)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(Path(cfg.warm_start_from_adapter) / ADAPTER_WEIGHTS))
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out: dict[str, torch.Tensor] = {}
+    for name, param in base.named_parameters():
+        if not param.requires_grad:
+            continue
+        # PEFT saves "base_model.model.<name without the adapter name>".
+        key = "base_model.model." + name.replace(f".{ADAPTER_NAME}.", ".")
+        if key not in stored:
+            raise ValueError(f"warm_start_from_adapter: {ADAPTER_WEIGHTS} has no tensor {key!r}")
+        out[name] = stored[key]
+    return out
 
 
 def _json_safe(value: Any) -> Any:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ from fleetrl.trainer.checkpoint import (
 from fleetrl.trainer.datum import Datum, build_datum, shift_datum
 from fleetrl.trainer.inner_loop import REF_WAIT_TIMEOUT_S, InnerLoop, PendingRef, resolve_compute_dtype
 from fleetrl.trainer.minibatches import SampleFigures, rank_samples
-from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, pad_token_id, torch_dtype
+from fleetrl.trainer.model import DTYPES, load_causal_lm, load_tokenizer, model_options, pad_token_id, torch_dtype
 from fleetrl.trainer.optim import build_optimizer, build_scheduler
 from fleetrl.trainer.row_set import RowIdSet
 from fleetrl.trainer.sharded_load import load_sharded_causal_lm
@@ -141,8 +142,11 @@ class PolicyTrainer:
             load_estimator(estimator)  # imported and tried now: a bad estimator fails at start, naming the field
 
         torch.manual_seed(cfg.seed)
-        # Sharded loading (full fine-tuning under FSDP2): built on meta, sharded, each rank reads only its own rows.
-        sharded_load = self.ctx.enabled and not cfg.lora
+        # Kernels, activation checkpointing and compile (a bad setting fails here, naming the field).
+        options = model_options(cfg, self.device)
+        # Sharded loading under FSDP2 (a LoRA run too: its adapter is wrapped on meta and sharded with its layers):
+        # built on meta, sharded, each rank reads only its own rows.
+        sharded_load = self.ctx.enabled
         if sharded_load:
             self.model = load_sharded_causal_lm(
                 cfg.base_model,
