@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from fleetrl.cookbook import cookbook_tables
+from fleetrl.dataset_sources import DatasetSource, check_sources
 
 LrSchedule = Literal["constant", "linear", "cosine"]
 LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "sum"]
@@ -143,6 +144,12 @@ class Config(BaseModel):
         None,
         description="Prompt rows: a JSONL or Parquet file, a save_to_disk folder or a cached hub id, memory-mapped "
         "through HF datasets (or rows via main()).",
+    )
+    datasets: list[DatasetSource] | None = Field(
+        None,
+        description="A mixture instead of one dataset: [[run.datasets]] tables (path, name, weight, weight_schedule, "
+        "difficulty_field, min/max_difficulty), drawn by weight; each source's cursor is journaled (docs/guide.md, "
+        "'Dataset mixtures and curricula').",
     )
     max_rows: int | None = Field(None, ge=1, description="Use at most this many dataset rows.")
     epochs: int = Field(1, ge=1, description="Passes over the dataset.")
@@ -425,6 +432,10 @@ class Config(BaseModel):
                 f"{self.stale_policy!r})"
             )
         self._check_lora()
+        if self.datasets is not None:
+            if self.dataset is not None:
+                raise ValueError("dataset and datasets: name one dataset or a mixture of several, not both")
+            check_sources(self.datasets)
         if self.lr_warmup_steps and self.max_steps and self.lr_warmup_steps > self.max_steps:
             raise ValueError(f"lr_warmup_steps ({self.lr_warmup_steps}) must be <= max_steps ({self.max_steps})")
         return self

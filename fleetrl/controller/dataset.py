@@ -85,3 +85,16 @@ class DatasetCursor:
     def row(self, row_id: int) -> dict[str, Any]:
         """The row behind an id (for a requeued row)."""
         return self.rows[row_id % len(self.rows)]
+
+    def journal_state(self) -> list[int]:
+        """What the controller's journal keeps: [epoch, index]."""
+        return [self.position.epoch, self.position.index]
+
+    def restore(self, state: Any) -> None:
+        """Continue from `journal_state()`'s output ([epoch, index]); a mixture's journal is refused."""
+        if not (isinstance(state, list | tuple) and len(state) == 2):
+            raise ValueError(
+                "dataset: the journal was written by a run with a dataset mixture (datasets); one dataset cannot "
+                "continue it (start over with --overwrite)"
+            )
+        self.position = CursorPosition(int(state[0]), int(state[1]))

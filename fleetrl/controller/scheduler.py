@@ -23,9 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fleetrl.controller.dataset import CursorPosition, DatasetCursor
+from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
+from fleetrl.controller.mixture import MixtureCursor
 from fleetrl.controller.run_outcome import rejection_cause
 
 log = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ class StepAssignment:
 class RowScheduler:
     def __init__(
         self,
-        cursor: DatasetCursor,
+        cursor: DatasetCursor | MixtureCursor,
         gate: OffPolicyGate,
         *,
         prompt_groups_per_step: int,
@@ -405,7 +406,7 @@ class RowScheduler:
             return
         self.journal.set_state("version", self.gate.version)
         self.journal.set_state("trained_steps", self.trained_steps)
-        self.journal.set_state("cursor", [self.cursor.position.epoch, self.cursor.position.index])
+        self.journal.set_state("cursor", self.cursor.journal_state())
         self.journal.set_state("counters", self.counters)
 
     def _commit(self) -> None:
@@ -420,15 +421,18 @@ class RowScheduler:
         rows: list[dict[str, Any]],
         gate_factory: Any,
         cursor_kwargs: dict[str, Any],
+        cursor: DatasetCursor | MixtureCursor | None = None,
         **kwargs: Any,
     ) -> RowScheduler:
-        """Rebuild from the journal: the published version, the cursor, and every row not yet trained or closed
-        goes back to the queue (steps restart after the last trained one). A row that was assigned to a step keeps
-        that step in the journal (status queued) until `align_to_trainer` has seen whether the trainer trained it."""
+        """Rebuild from the journal: the published version, the cursor (a mixture's `cursor`, built by the caller,
+        continues each source where it stopped), and every row not yet trained or closed goes back to the queue
+        (steps restart after the last trained one). A row that was assigned to a step keeps that step in the
+        journal (status queued) until `align_to_trainer` has seen whether the trainer trained it."""
         state = journal.state()
         version = int(state.get("version", 0))
-        epoch, index = state.get("cursor", [0, 0])
-        cursor = DatasetCursor(rows, position=CursorPosition(epoch, index), **cursor_kwargs)
+        if cursor is None:  # one dataset
+            cursor = DatasetCursor(rows, **cursor_kwargs)
+        cursor.restore(state.get("cursor", [0, 0]))  # a mixture (`cursor`) continues each source where it stopped
         scheduler = cls(cursor, gate_factory(version), journal=journal, **kwargs)
         scheduler.gate_factory = gate_factory
         scheduler.resumed = True

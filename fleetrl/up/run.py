@@ -166,12 +166,14 @@ def check_group_size(run: Config) -> None:
 
 
 def check_datasets(run: Config) -> None:
-    """A missing or unreadable `run.dataset` / `run.eval_dataset` file fails the config check (ConfigError naming
-    the field), before any service starts (fleetrl.controller.rows.check_rows_source looks at its start only)."""
+    """A missing or unreadable `run.dataset` / `run.eval_dataset` / `run.datasets[i].path` file fails the config
+    check (ConfigError naming the field), before any service starts (fleetrl.controller.rows.check_rows_source
+    looks at its start only)."""
     from fleetrl.controller.rows import check_rows_source
 
-    for field in ("dataset", "eval_dataset"):
-        source = getattr(run, field)
+    fields = [("dataset", run.dataset), ("eval_dataset", run.eval_dataset)]
+    fields += [(f"datasets[{i}].path", source.path) for i, source in enumerate(run.datasets or [])]
+    for field, source in fields:
         if source is None or (field == "eval_dataset" and not source):
             continue
         try:

@@ -72,8 +72,8 @@ class ControllerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ControllerConfig:
-        if not self.rows_path and not self.run.dataset:
-            raise ValueError("rows_path: no rows: set run.dataset (a JSONL path) or pass --rows")
+        if not self.rows_path and not self.run.dataset and not self.run.datasets:
+            raise ValueError("rows_path: no rows: set run.dataset (a JSONL path) or run.datasets, or pass --rows")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError(
                 f"heartbeat_timeout_s ({self.heartbeat_timeout_s}) must exceed heartbeat_interval_s "

@@ -27,6 +27,7 @@ from fleetrl.controller.lease_signal import LeaseSignal
 from fleetrl.controller.liveness import OverdueCall, SilentLeaseHolders, watch_call
 from fleetrl.controller.liveness import log as liveness_log
 from fleetrl.controller.members import Member, MemberRegistry
+from fleetrl.controller.mixture import MixtureCursor, RowRewards
 from fleetrl.controller.push_plan import PushSource
 from fleetrl.controller.push_queue import PushJob, PushQueue
 from fleetrl.controller.row_phases import RowPhases
@@ -174,6 +175,7 @@ class Orchestrator:
         self._rejected_rewards: list[float] = []
         self._rejected_groups = 0
         self.row_phases = RowPhases()  # accepted rows' gateway phase seconds, until their step's line
+        self.row_rewards = RowRewards()  # with a dataset mixture: accepted rows' rewards, for data/<source>/*
         self.told_finished: set[str] = set()  # members a reply has told that the run finished
         self.last_push_fetch_s = self.last_push_swap_s = 0.0
         # Pushes overlapped with training (fleetrl.controller.push_queue): with O >= 1 the next TrainStep does not
@@ -935,6 +937,11 @@ class Orchestrator:
         """An accepted row's gateway phase seconds: their means over a step's rows go in its line."""
         self.row_phases.record(row_id, phase_s)
 
+    def record_row_rewards(self, row_id: int, rewards: list[float]) -> None:
+        """An accepted row's rewards: with a dataset mixture its source's mean reward goes in its step's line."""
+        if isinstance(self.scheduler.cursor, MixtureCursor):
+            self.row_rewards.record(row_id, rewards)
+
     def record_rejected(self, rewards: list[float]) -> None:
         """A gateway rejected a group (its samples' rewards): counted in the next step's filter metrics."""
         self._rejected_groups += 1
@@ -976,6 +983,10 @@ class Orchestrator:
             row_phases=self.row_phases.take_step(step.row_ids),
         )
         line["async/versions_superseded"] = self.pushes.superseded
+        cursor = self.scheduler.cursor
+        if isinstance(cursor, MixtureCursor):  # per source: rows drawn, groups and mean reward in this step
+            line.update(cursor.figures())
+            line.update(self.row_rewards.take_step(step.row_ids, cursor.source_of))
         self._rejected_rewards, self._rejected_groups = [], 0
         self.last_metrics = {k: float(v) for k, v in line.items() if isinstance(v, int | float)}
         self.step_sums.add(line)

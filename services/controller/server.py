@@ -20,6 +20,7 @@ from fleetrl.controller.dataset import DatasetCursor, load_rows
 from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.journal import Journal
 from fleetrl.controller.members import MemberRegistry
+from fleetrl.controller.mixture import build_mixture
 from fleetrl.controller.scheduler import RowScheduler
 from fleetrl.rpc import create_grpc_server
 from fleetrl.services.controller.config import ControllerConfig
@@ -52,7 +53,20 @@ class ControllerServer:
 
 def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
     run = config.run
-    rows = load_rows(config.rows_path or run.dataset or "", max_rows=run.max_rows)
+    mixture = None
+    if run.datasets and not config.rows_path:  # several sources, each drawn by weight (fleetrl.controller.mixture)
+        sources = [load_rows(source.path, max_rows=run.max_rows) for source in run.datasets]
+        mixture = build_mixture(
+            run.datasets,
+            sources,
+            epochs=run.epochs,
+            shuffle=run.shuffle,
+            seed=run.seed,
+            groups_per_step=run.prompt_groups_per_step,
+        )
+        rows = sources[0]
+    else:
+        rows = load_rows(config.rows_path or run.dataset or "", max_rows=run.max_rows)
     kwargs = dict(
         prompt_groups_per_step=run.prompt_groups_per_step,
         stale_policy=run.stale_policy,
@@ -74,10 +88,10 @@ def build_scheduler(config: ControllerConfig, journal: Journal) -> RowScheduler:
 
     cursor_kwargs = dict(epochs=run.epochs, shuffle=run.shuffle, seed=run.seed)
     if config.resume and journal.state():
-        scheduler = RowScheduler.resume(journal, rows, gate_at, cursor_kwargs, **kwargs)
+        scheduler = RowScheduler.resume(journal, rows, gate_at, cursor_kwargs, cursor=mixture, **kwargs)
         log.info("resumed from %s at version %d", journal.path, scheduler.gate.version)
         return scheduler
-    return RowScheduler(DatasetCursor(rows, **cursor_kwargs), gate_at(0), journal=journal, **kwargs)
+    return RowScheduler(mixture or DatasetCursor(rows, **cursor_kwargs), gate_at(0), journal=journal, **kwargs)
 
 
 def create_server(config: ControllerConfig) -> ControllerServer:

@@ -168,6 +168,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                     self.scheduler.count_dropped(why, count)
             if results[-1] == "accepted":
                 self.orchestrator.record_row_phases(report.row_id, dict(report.phase_s))
+                self.orchestrator.record_row_rewards(report.row_id, list(report.rewards))
             if results[-1] == "rejected":
                 self.scheduler.count_rejection(report.samples_dropped, report.reason)
                 self.orchestrator.record_rejected(list(report.rewards))

@@ -230,3 +230,14 @@ def test_fleetrl_main_refuses_a_rollout_factory_without_the_setup(tmp_path, tiny
     cfg = Config(base_model=tiny_model_dir, log_path=str(tmp_path / "a"))
     assert main(cfg, rollout_fn_factory=lambda: None, rows=[{"prompt": "a"}])["exit_code"] == 2
     assert capsys.readouterr().err.startswith("fleetrl.main: rollout_fn_factory: ")
+
+
+def test_a_mixture_source_that_cannot_be_read_is_refused_naming_its_index(tmp_path, capsys, monkeypatch):
+    (tmp_path / "easy.jsonl").write_text('{"prompt": "a"}\n')
+    (tmp_path / "broken.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    sources = [{"path": str(tmp_path / "easy.jsonl")}, {"path": str(tmp_path / "broken.jsonl")}]
+    config = set_fields(write_config(tmp_path), run={"dataset": None, "datasets": sources})
+    err = refused(config, capsys, monkeypatch, "run.datasets[1].path: ")
+    assert "broken.jsonl:2: not valid JSON" in err
+    sources[1] = {"path": str(tmp_path / "easy.jsonl"), "name": "again"}
+    starts(set_fields(config, run={"datasets": sources}), capsys, monkeypatch)
