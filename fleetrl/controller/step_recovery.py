@@ -15,6 +15,7 @@ calls the trainer.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,25 @@ def steps_in_samples(path: Path) -> set[int]:
         except (ValueError, KeyError, TypeError):
             continue
     return steps
+
+
+def cut_torn_tail(path: Path) -> str | None:
+    """Remove a last line cut short by a crash or a full disk (no newline at its end and not JSON) from a JSONL
+    record, so the record can be read and the step written again (`steps_to_recover`); returns the removed text,
+    None when the file ends whole. Atomic (the file is replaced). A bad line that ends with its newline is damage,
+    not a torn write: it is left for the reader to name."""
+    if not path.exists():
+        return None
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text or text.endswith("\n"):
+        return None
+    head, _, tail = text.rpartition("\n")
+    try:
+        json.loads(tail)
+        return None  # whole, only its newline missing: kept
+    except ValueError:
+        pass
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(head + "\n" if head else "", encoding="utf-8")
+    os.replace(tmp, path)
+    return tail

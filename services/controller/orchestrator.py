@@ -34,7 +34,7 @@ from fleetrl.controller.row_phases import RowPhases
 from fleetrl.controller.run_outcome import untrained_run_message
 from fleetrl.controller.scheduler import RowScheduler, StepAssignment
 from fleetrl.controller.step_line import StepTimes, step_line
-from fleetrl.controller.step_recovery import recovered_line, steps_in_samples, steps_to_recover
+from fleetrl.controller.step_recovery import cut_torn_tail, recovered_line, steps_in_samples, steps_to_recover
 from fleetrl.controller.step_sums import StepSums
 from fleetrl.metrics_jsonl import SUPERSEDED, cut_to_version, one_per_step, read_lines, steps_without_update
 from fleetrl.rpc import open_channel
@@ -767,6 +767,13 @@ class Orchestrator:
         that trained them, trained again now) move to metrics.superseded.jsonl, so the record keeps one line per
         step. A fresh run (no journal) moves an earlier run's lines aside."""
         resumed = self.scheduler.resumed
+        if resumed and (torn := cut_torn_tail(self.metrics_path)) is not None:  # a crash or a full disk mid-line
+            log.warning(
+                "%s ended in a line cut short (%r): removed; its step's line is written again from the trainer's "
+                "record of it",
+                self.metrics_path.name,
+                torn[:80],
+            )
         moved = cut_to_version(self.metrics_path, version if resumed else -1)
         if moved:
             log.info("metrics.jsonl cut back to version %d: %d lines moved to %s", version, moved, SUPERSEDED)

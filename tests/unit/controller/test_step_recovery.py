@@ -14,7 +14,13 @@ from fleetrl.controller.dataset import DatasetCursor
 from fleetrl.controller.gate import OffPolicyGate
 from fleetrl.controller.members import MemberRegistry
 from fleetrl.controller.scheduler import RowScheduler
-from fleetrl.controller.step_recovery import RECOVERED, recovered_line, steps_in_samples, steps_to_recover
+from fleetrl.controller.step_recovery import (
+    RECOVERED,
+    cut_torn_tail,
+    recovered_line,
+    steps_in_samples,
+    steps_to_recover,
+)
 from fleetrl.services.controller.config import ControllerConfig
 from fleetrl.services.controller.orchestrator import Orchestrator
 from fleetrl.v1 import trainer_pb2, trainer_pb2_grpc
@@ -144,3 +150,43 @@ async def test_a_step_the_trainer_kept_no_record_of_is_warned_about_not_invented
         orch.close_trackers(failed=False)
         await orch.close()
         await server.stop(None)
+
+
+async def test_a_metrics_line_cut_short_by_the_kill_is_replaced_not_fatal(tmp_path, caplog):
+    # Before: the resume failed reading metrics.jsonl ("metrics.jsonl:3: not valid JSON") after every service started.
+    trainer = ResumedTrainer()
+    server = grpc.aio.server()
+    trainer_pb2_grpc.add_TrainerServicer_to_server(trainer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    write_record(tmp_path, [1, 2, 3])
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(metrics.read_text().rsplit("\n", 2)[0] + '\n{"step": 3, "train/lo')  # a torn write of 3
+    scheduler = RowScheduler(
+        DatasetCursor([{"q": i} for i in range(40)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
+    )
+    scheduler.resumed = True
+    members = MemberRegistry(heartbeat_timeout_s=30)
+    members.register("trainer", "trainer", f"127.0.0.1:{port}", 0.0)
+    config = ControllerConfig(run=Config(log_path=str(tmp_path), log_samples_interval=1), rows_path="rows.jsonl")
+    orch = Orchestrator(config, scheduler, members, metrics_path=metrics, clock=lambda: 0.0)
+    try:
+        orch.cut_record(3)
+        assert await orch.recover_record(3) == [3]
+        lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+        assert [line["step"] for line in lines] == [1, 2, 3] and lines[-1][RECOVERED] == 1
+        assert "ended in a line cut short" in caplog.text
+    finally:
+        orch.close_trackers(failed=False)
+        await orch.close()
+        await server.stop(None)
+
+
+def test_only_a_last_line_without_its_newline_is_torn(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}')  # whole, its newline missing: kept
+    assert cut_torn_tail(path) is None and path.read_text() == '{"step": 1}\n{"step": 2}'
+    path.write_text('{"step": 1}\nnot json\n')  # damage, not a torn write: left for the reader to name
+    assert cut_torn_tail(path) is None
+    path.write_text('{"step": 1}\n{"st')
+    assert cut_torn_tail(path) == '{"st' and path.read_text() == '{"step": 1}\n'
