@@ -193,6 +193,21 @@ class Config(BaseModel):
     rollout_extras: dict[str, Any] = Field(
         default_factory=dict, description="Free-form values handed to the rollout factory."
     )
+    session_idle_timeout_s: float = Field(
+        600.0,
+        ge=0,
+        description="An agent session no call has reached for this long expires: its endpoint answers 404 and the "
+        "gateway keeps nothing of it (the rollout keeps what it recorded); 0 = never.",
+    )
+    session_max_body_bytes: int = Field(
+        4 * 2**20, ge=1024, description="An agent session request with a larger body is refused (413), unread."
+    )
+    session_max_connections: int = Field(
+        1024,
+        ge=1,
+        description="Open connections to a gateway's agent session server at most; one more is closed as it is "
+        "accepted.",
+    )
     min_group_size: int = Field(
         2, ge=2, description="A row with fewer valid samples is rejected (the gateway's min_samples wins when set)."
     )

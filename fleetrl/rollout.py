@@ -261,6 +261,7 @@ class RolloutSetup:
     def for_run(cls, run: Config, tokenizer: Any, sampler: SamplerLike) -> RolloutSetup:
         """The setup every gateway (and `fleetrl eval`) hands the rollout factory: the run's settings around
         `tokenizer` and `sampler`."""
+        from fleetrl.gateway.session_limits import SessionLimits
         from fleetrl.gateway.session_server import SessionServer
 
         max_seq_len = resolve_max_seq_len(run)
@@ -272,6 +273,7 @@ class RolloutSetup:
             tokenizer_id=tokenizer_id,
             sample_kwargs=dict(run.sample_kwargs),
             max_seq_len=max_seq_len,
+            limits=SessionLimits.of_run(run),
         )
         base_url = api_key = None
         try:

@@ -1,15 +1,27 @@
-"""The HTTP routes of the agent session server (fleetrl.gateway.session_server), kept apart so the gateway imports
-FastAPI only when a rollout opens its first session."""
+"""The HTTP edge of the agent session server (fleetrl.gateway.session_server): its routes, and the uvicorn protocol
+that bounds its connections. Kept apart so the gateway imports FastAPI and uvicorn only when a rollout opens its
+first session.
+
+Every request is checked in this order, each refusal OpenAI-shaped: the bearer key (401, before anything else, so a
+caller without it learns nothing, not even whether a session exists), the session (404: unknown, closed or expired
+after `session_idle_timeout_s`), the body's size (413 over `session_max_body_bytes`, from its Content-Length before
+a byte is read, else as it arrives), a body that stops arriving (408), JSON (400). The connection itself is watched
+by `guarded_protocol`: past `max_connections` a new one is closed as it is accepted, and one that stalls (no
+complete request, or a reply its reader takes none of) for `stall_timeout_s` is aborted, its file descriptor freed.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from fleetrl.agent_session import AgentSession, SessionError
 from fleetrl.openai_chat import ChatRequestError, stream_events
@@ -25,22 +37,88 @@ def error(status: int, message: str, kind: str = "invalid_request_error") -> JSO
     return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
 
 
+class _Refused(Exception):
+    """A request refused while its body was read (the response to send)."""
+
+    def __init__(self, response: JSONResponse) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+async def read_body(request: Request, max_bytes: int, stall_timeout_s: float) -> bytes:
+    """The request's body, refused (`_Refused`) with 413 once it is known to exceed `max_bytes` (from its
+    Content-Length before a byte is read, else as it arrives) and with 408 when no byte of it arrives for
+    `stall_timeout_s`."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise _Refused(error(400, f"content-length: {declared!r} is not a number"))
+        if int(declared) > max_bytes:
+            raise _Refused(_too_large(f"{int(declared)} bytes", max_bytes))
+    chunks, size = [], 0
+    stream = request.stream().__aiter__()
+    while True:
+        try:
+            async with asyncio.timeout(stall_timeout_s):
+                chunk = await stream.__anext__()
+        except StopAsyncIteration:
+            break
+        except TimeoutError:
+            raise _Refused(
+                error(408, f"the body stopped arriving: no byte of it for {stall_timeout_s:g} s", "timeout_error")
+            ) from None
+        size += len(chunk)
+        if size > max_bytes:
+            raise _Refused(_too_large(f"over {max_bytes} bytes", max_bytes))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: str, max_bytes: int) -> JSONResponse:
+    return error(413, f"the body is {size}; a session request holds at most {max_bytes} bytes (session_max_body_bytes)")
+
+
+async def _events(events: list[str]) -> AsyncIterator[str]:
+    for event in events:  # an async iterator: Starlette sends it on the event loop, not through a thread per chunk
+        yield event
+
+
 def build_session_app(server: SessionServer) -> FastAPI:
-    """The session routes over `server` (its sessions, key, model and `chat`)."""
+    """The session routes over `server` (its sessions, key, model, limits and `chat`)."""
     app = FastAPI(title="fleetrl agent sessions", docs_url=None, redoc_url=None, openapi_url=None)
+    limits = server.limits
 
     def authorised(request: Request) -> bool:
-        return secrets.compare_digest(request.headers.get("authorization", ""), f"Bearer {server.api_key}")
+        return secrets.compare_digest(
+            request.headers.get("authorization", "").encode(), f"Bearer {server.api_key}".encode()
+        )
+
+    def unauthorised() -> JSONResponse:
+        server.refused("bad_keys", "a call with a missing or wrong key was refused (401)")
+        return error(401, "invalid api key: use the session's api_key", "authentication_error")
+
+    async def parsed_body(request: Request) -> dict[str, Any]:
+        try:
+            raw = await read_body(request, limits.max_body_bytes, limits.stall_timeout_s)
+        except _Refused as refused:
+            what = "bodies_too_large" if refused.response.status_code == 413 else "bodies_refused"
+            server.refused(what, f"a request body was refused ({refused.response.status_code})")
+            raise
+        except ClientDisconnect:
+            raise _Refused(error(400, "the client went away while sending the body")) from None
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise _Refused(error(400, "the body is not JSON")) from None
+        if not isinstance(body, dict):
+            raise _Refused(error(400, "the body must be a JSON object"))
+        return body
 
     async def respond(request: Request, session: AgentSession | None) -> Any:
-        if not authorised(request):
-            return error(401, "invalid api key: use the session's api_key", "authentication_error")
         try:
-            body = await request.json()
-        except ValueError:
-            return error(400, "the body is not JSON")
-        if not isinstance(body, dict):
-            return error(400, "the body must be a JSON object")
+            body = await parsed_body(request)
+        except _Refused as refused:
+            return refused.response
         try:
             work = server.chat(body, session)
             if session is not None and session.context is not None:
@@ -54,22 +132,30 @@ def build_session_app(server: SessionServer) -> FastAPI:
             return error(503, f"sampling failed: {exc}", "engine_error")
         if body.get("stream"):
             options = body.get("stream_options") or {}
+            if not isinstance(options, dict):
+                return error(400, "stream_options: must be an object")
             events = stream_events(result, include_usage=bool(options.get("include_usage")))
-            return StreamingResponse(iter(events), media_type="text/event-stream")
+            return StreamingResponse(_events(events), media_type="text/event-stream")
         return JSONResponse(result)
 
     async def session_chat(session_id: str, request: Request) -> Any:
+        if not authorised(request):
+            return unauthorised()
+        server.sweep_if_due()
         session = server.sessions.get(session_id)
         if session is None:
-            return error(404, f"no open session {session_id}", "not_found_error")
-        return await respond(request, session)
+            return error(404, server.sessions.why_missing(session_id), "not_found_error")
+        with server.sessions.calling(session_id):
+            return await respond(request, session)
 
     async def chat(request: Request) -> Any:
+        if not authorised(request):
+            return unauthorised()
         return await respond(request, None)
 
     async def models(request: Request, session_id: str | None = None) -> Any:
         if not authorised(request):
-            return error(401, "invalid api key: use the session's api_key", "authentication_error")
+            return unauthorised()
         card = {"id": server.model, "object": "model", "created": 0, "owned_by": "fleetrl"}
         return JSONResponse({"object": "list", "data": [card]})
 
@@ -78,3 +164,60 @@ def build_session_app(server: SessionServer) -> FastAPI:
     app.post("/v1/chat/completions")(chat)
     app.get("/v1/models")(models)
     return app
+
+
+def guarded_protocol(server: SessionServer) -> type:
+    """uvicorn's HTTP protocol class for `server`, bounding its connections (`server.limits`): one past
+    `max_connections` is aborted as it is accepted, and one that makes no progress for `stall_timeout_s` (no
+    complete request while idle, or a reply whose reader takes none of it) is aborted, so its file descriptor is
+    freed at once (a plain close waits for the unread reply to drain, which it never does). A request being
+    answered (the model sampling) is progress, however long it takes."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    limits = server.limits
+
+    class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+        _fleetrl_timer: asyncio.TimerHandle | None = None
+        _fleetrl_mark: Any = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                server.refused(
+                    "connections_refused",
+                    f"{len(self.connections) - 1} connections are open (session_max_connections): a new one was closed",
+                )
+                transport.abort()
+                return
+            self._fleetrl_timer = self.loop.call_later(limits.stall_timeout_s, self._fleetrl_check)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._fleetrl_timer is not None:
+                self._fleetrl_timer.cancel()
+                self._fleetrl_timer = None
+            super().connection_lost(exc)
+
+        def _fleetrl_progress(self) -> Any:
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                if not self.flow.write_paused:
+                    return object()  # being answered: always progress
+                return ("paused", cycle, self.transport.get_write_buffer_size())
+            return ("idle", cycle)
+
+        def _fleetrl_check(self) -> None:
+            self._fleetrl_timer = None
+            if self.transport.is_closing():
+                return
+            mark = self._fleetrl_progress()
+            if mark == self._fleetrl_mark:
+                stalled = "a reader took none of its reply" if mark[0] == "paused" else "no request came"
+                server.refused(
+                    "connections_stalled", f"a connection was closed: {stalled} for {limits.stall_timeout_s:g} s"
+                )
+                self.transport.abort()
+                return
+            self._fleetrl_mark = mark
+            self._fleetrl_timer = self.loop.call_later(limits.stall_timeout_s, self._fleetrl_check)
+
+    return GuardedProtocol

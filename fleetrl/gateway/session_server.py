@@ -33,6 +33,14 @@ GET /sessions/{id}/v1/models, and POST /v1/chat/completions, GET /v1/models (`Ro
 served the same way, recorded nowhere; each reply carries the exact prompt and completion token ids, logprobs and
 versions). `listen()` binds the port before any session opens, so that URL is known from the start (the gateway's
 `RolloutSetup.for_run` calls it); the server starts serving at the first connection.
+
+Under load and abuse (`SessionLimits`, fleetrl.gateway.session_limits; the run's `session_*` fields): a session no
+call reached for `session_idle_timeout_s` expires (404 naming the limit); a body over `session_max_body_bytes` is a
+413 before it is parsed; past `session_max_connections` open connections a new one is closed as it is accepted; a
+connection that sends no complete request, a body that stops arriving (408) or a reader that takes none of its reply
+for 30 s is closed. Chat templates are rendered on a worker thread, so a long prompt never stalls the gateway's
+event loop (its heartbeats, leases and other rollouts). The key is checked before anything else, so a caller without
+it learns nothing (not even whether a session exists). `stats` counts what was refused.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import secrets
@@ -47,9 +56,13 @@ import socket
 import time
 import uuid
 import weakref
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from fleetrl.agent_session import AgentSession, ExactHistory, SessionTurn, appended_prompt, comparable_message
+from fleetrl.gateway.session_limits import SessionLimits, SessionRegistry
 from fleetrl.message_trajectory import TITOTokenizer
 from fleetrl.openai_chat import (
     ChatRequestError,
@@ -69,6 +82,7 @@ SESSION_ADVERTISE_HOST_ENV = "FLEETRL_SESSION_ADVERTISE_HOST"
 SESSION_PORT_ENV = "FLEETRL_SESSION_PORT"
 _WILDCARDS = ("0.0.0.0", "::", "")
 _RUN_SETTINGS = ("temperature", "top_p", "top_k")
+_MAX_TITOS = 8
 
 
 _UNSUPPORTED = {
@@ -145,6 +159,8 @@ class SessionServer:
         advertise_host: str | None = None,
         port: int | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        limits: SessionLimits | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.sampler = sampler
         self.tokenizer = tokenizer
@@ -156,8 +172,16 @@ class SessionServer:
         self.bind_port = session_port(port)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.api_key = f"fleetrl-session-{secrets.token_hex(16)}"
-        # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept).
-        self.sessions: weakref.WeakValueDictionary[str, AgentSession] = weakref.WeakValueDictionary()
+        self.limits = limits or SessionLimits()
+        # Held weakly: a session lives as long as its rollout holds it (one that failed half-way is not kept); one
+        # held but not called for limits.idle_timeout_s expires.
+        self.sessions = SessionRegistry(self.limits.idle_timeout_s, clock)
+        self.clock = clock
+        self._next_sweep = clock()
+        self.stats: Counter[str] = Counter()  # what was refused: connections_refused, connections_stalled, ...
+        self._warned_at: dict[str, float] = {}
+        self._render_pool: ThreadPoolExecutor | None = None  # chat templates rendered off the event loop
+        self._sweeper: asyncio.Task[None] | None = None
         self.port: int | None = None
         self._sock: socket.socket | None = None  # bound and listening before the server serves (listen())
         self._watched: asyncio.AbstractEventLoop | None = None
@@ -184,8 +208,7 @@ class SessionServer:
         made from a gateway rollout are seeded from that rollout (fleetrl.gateway.sampling_seed). `exact_history`:
         a call that extends the previous one is appended as tokens (fleetrl.agent_session)."""
         await self.start()
-        for key in [key for key, s in self.sessions.items() if s.closed]:  # turned into a result: done (404 now)
-            self.sessions.pop(key, None)
+        self.sweep_if_due()
         session_id = uuid.uuid4().hex
         session = AgentSession(
             session_id=session_id,
@@ -196,12 +219,43 @@ class SessionServer:
             exact_history=exact_history,
             context=contextvars.copy_context(),
         )
-        self.sessions[session_id] = session
+        self.sessions.add(session)
         return session
+
+    def connections(self) -> int:
+        """Connections open to the server now (0 before it serves)."""
+        return 0 if self._server is None else len(self._server.server_state.connections)
 
     def forget(self, session: AgentSession) -> None:
         """Drop a finished session's record (its endpoint then answers 404)."""
         self.sessions.pop(session.session_id, None)
+
+    def sweep_if_due(self) -> None:
+        """Expire idle sessions (and forget closed or dropped ones), at most every few seconds of `clock`."""
+        now = self.clock()
+        if now < self._next_sweep:
+            return
+        idle = self.limits.idle_timeout_s
+        self._next_sweep = now + (min(max(idle / 10, 0.1), 10.0) if idle else 10.0)
+        expired = self.sessions.sweep()
+        if expired:
+            self.stats["sessions_expired"] += expired
+            log.info("agent sessions: %d expired after %g s without a call (session_idle_timeout_s)", expired, idle)
+
+    def refused(self, what: str, message: str) -> None:
+        """Count a refusal under `what`; warn about it at most once a minute per kind."""
+        self.stats[what] += 1
+        now = time.monotonic()
+        if now - self._warned_at.get(what, -1e9) >= 60.0:
+            self._warned_at[what] = now
+            log.warning("agent session server: %s (%d so far)", message, self.stats[what])
+
+    async def render(self, fn: Callable[..., list[int] | None], *args: Any, **kwargs: Any) -> list[int] | None:
+        """`fn(*args, **kwargs)` (a chat template's rendering) on the server's worker thread."""
+        if self._render_pool is None:
+            self._render_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="session-render")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._render_pool, functools.partial(fn, *args, **kwargs))
 
     def listen(self) -> str:
         """Bind the port now, so `base_url` is known (and given to rollouts as `RolloutSetup.inference_base_url`)
@@ -262,7 +316,16 @@ class SessionServer:
             self._unwatch()
             sock = self._sock if self._sock is not None else self._bind()
             self._sock = None  # the server's now
-            config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+            from fleetrl.gateway.session_app import guarded_protocol
+
+            config = uvicorn.Config(
+                self.app(),
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+                http=guarded_protocol(self),
+                backlog=max(128, min(self.limits.max_connections, 4096)),
+            )
             self._server = _Server(config)
             self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="agent-session-server")
             deadline = time.monotonic() + _START_TIMEOUT_S
@@ -274,7 +337,14 @@ class SessionServer:
                     self._task.cancel()
                     raise TimeoutError(f"the agent session server did not start within {_START_TIMEOUT_S:.0f} s")
                 await asyncio.sleep(0.01)
+            self._sweeper = asyncio.create_task(self._sweep_idle(), name="agent-session-expiry")
             log.info("agent session server on %s:%d (URLs name %s)", self.host, self.port, self.advertise_host)
+
+    async def _sweep_idle(self) -> None:
+        """Expire idle sessions while no call comes to do it."""
+        while True:
+            await asyncio.sleep(min(max(self.limits.idle_timeout_s / 10, 1.0), 30.0))
+            self.sweep_if_due()
 
     async def close(self, timeout_s: float = 5.0) -> None:
         self._unwatch()
@@ -284,6 +354,12 @@ class SessionServer:
         if self._sock is not None:  # listened, never served
             self._sock.close()
             self._sock = None
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._render_pool is not None:
+            self._render_pool.shutdown(wait=False, cancel_futures=True)
+            self._render_pool = None
         if self._task is None:
             return
         self._server.should_exit = True
@@ -330,6 +406,8 @@ class SessionServer:
         """The token-in/token-out renderer of exact-history sessions (one per set of template arguments)."""
         key = repr(sorted(chat_template_kwargs.items()))
         if key not in self._titos:
+            while len(self._titos) >= _MAX_TITOS:  # the kwargs come from requests: keep a few, not every one seen
+                self._titos.pop(next(iter(self._titos)))
             self._titos[key] = TITOTokenizer(self.tokenizer, chat_template_kwargs=chat_template_kwargs)
         return self._titos[key]
 
@@ -339,9 +417,12 @@ class SessionServer:
         kwargs = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
         prompt = None
         if session is not None and session.exact_history:
-            prompt = appended_prompt(self._tito(kwargs), session.history, body.get("messages") or [], tools)
+            tito = self._tito(kwargs)
+            prompt = await self.render(appended_prompt, tito, session.history, body.get("messages") or [], tools)
         if prompt is None:
-            prompt = render_chat_prompt(self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs)
+            prompt = await self.render(
+                render_chat_prompt, self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs
+            )
         args = self.sampling_args(body, len(prompt))
         if session is not None:
             args["user"] = session.session_id
