@@ -57,6 +57,7 @@ from fleetrl.up.progress import Progress, planned_steps
 from fleetrl.up.start_checks import (
     check_custom_loss,
     check_factory_signature,
+    check_journal_data,
     check_model_folder,
     check_process_environment,
     check_run_environment,
@@ -202,6 +203,7 @@ def check_log_dir(run: Config, up: UpConfig, *, resume: bool, overwrite: bool) -
         if resume:
             journal = Path(_flag_value(up.controller_args, "--journal") or log_dir / JOURNAL)
             check_resume_journal(log_dir, journal, run_files(log_dir, checkpoint_dir[1], output_dir[1]))
+            check_journal_data(journal, run)  # one dataset's cursor, or a mixture's: as the config says
             check_resume_checkpoint(checkpoint_dir[1])
     except BaseException:
         lock.release()

@@ -192,3 +192,35 @@ def check_factory_signature(field: str, spec: str, factory: Any) -> None:
             f"{field}: {spec!r} is {shown}: a rollout factory is called with one argument, the run's RolloutSetup "
             "(def make_rollout_fn(setup) -> rollout_fn)"
         ) from None
+
+
+def check_journal_data(journal: Path, run: Config) -> None:
+    """--resume: the journal's cursor is of the data the config names: one dataset's position, or a mixture's
+    (`datasets`). Switching between the two cannot continue the run exactly, so it is refused naming the field;
+    a mixture whose sources changed continues the ones it knows (a new source starts at its beginning)."""
+    import sqlite3
+
+    try:
+        db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5.0)
+        try:
+            found = db.execute("SELECT value FROM state WHERE key = 'cursor'").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return  # damage is check_journal's to name; a lock is waited out by the controller
+    if found is None:
+        return
+    try:
+        mixture = isinstance(json.loads(found[0]), dict)
+    except ValueError:
+        return
+    if run.datasets and not mixture:
+        raise ConfigError(
+            f"run.datasets: the run in {journal.parent} was started with one dataset (run.dataset), so its journal "
+            "holds one cursor: resume it with that dataset, or start a mixture over with --overwrite"
+        )
+    if not run.datasets and mixture:
+        raise ConfigError(
+            f"run.dataset: the run in {journal.parent} was started with a dataset mixture (run.datasets): resume it "
+            "with the same datasets, or start over with --overwrite"
+        )

@@ -241,3 +241,25 @@ def test_a_mixture_source_that_cannot_be_read_is_refused_naming_its_index(tmp_pa
     assert "broken.jsonl:2: not valid JSON" in err
     sources[1] = {"path": str(tmp_path / "easy.jsonl"), "name": "again"}
     starts(set_fields(config, run={"datasets": sources}), capsys, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("cursor", "mixture", "prefix"),
+    [([0, 4], True, "run.datasets: the run in"), ({"draws": 4, "sources": {}}, False, "run.dataset: the run in")],
+)
+def test_resuming_one_dataset_as_a_mixture_or_back_is_refused_at_start(
+    tmp_path, capsys, monkeypatch, cursor, mixture, prefix
+):
+    # Before: the controller started and failed restoring its cursor (a traceback), after every other service.
+    from fleetrl.controller.journal import Journal
+
+    (tmp_path / "easy.jsonl").write_text('{"prompt": "a"}\n')
+    journal = Journal(tmp_path / "run" / "controller.sqlite")
+    journal.set_state("cursor", cursor)
+    journal.close()
+    run = {"dataset": None, "datasets": [{"path": str(tmp_path / "easy.jsonl")}]} if mixture else {}
+    config = set_fields(write_config(tmp_path), run=run)
+    monkeypatch.setattr(up_run, "launch", lambda *a, **k: pytest.fail("services were started"))
+    assert up_run.main([str(config), "--resume"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"fleetrl up: {prefix}") and "--overwrite" in err, err
