@@ -69,13 +69,15 @@ def eta_seconds(step_times: Iterable[float], step: int, total: int | None) -> fl
 
 def planned_steps(run: Any) -> int | None:
     """A run `Config`'s total steps: max_steps, else what its dataset gives (rows, at most max_rows, x epochs / rows
-    per step), else None (rows given in code, an unreadable file)."""
+    per step; a mixture's sources summed, before any difficulty filter), else None (rows given in code, an
+    unreadable file)."""
     if run.max_steps:
         return int(run.max_steps)
-    rows = count_rows(run.dataset) if run.dataset else None
-    if not rows:
+    paths = [run.dataset] if run.dataset else [source.path for source in getattr(run, "datasets", None) or []]
+    counts = [count_rows(path) for path in paths]
+    if not counts or not all(counts):
         return None
-    rows = min(rows, run.max_rows) if run.max_rows else rows
+    rows = sum(min(n, run.max_rows) if run.max_rows else n for n in counts if n)
     return max(rows * run.epochs // run.prompt_groups_per_step, 1)
 
 
