@@ -66,6 +66,8 @@ def test_a_mixture_run_killed_and_resumed_trains_the_same_rows_from_each_source(
             continue
         assert line.get("data/easy/groups", 0) + line.get("data/hard/groups", 0) == 2, line
         assert "data/easy/rows_drawn" in line and "data/hard/weight" in line
+        for name in ("easy", "hard"):  # a source with groups in the step has their mean reward
+            assert (f"data/{name}/reward_mean" in line) == (f"data/{name}/groups" in line), line
     ledger = Journal(run_dir / "controller.sqlite").rows()
     trained = {r for r, info in ledger.items() if info["status"] == "trained"}
 
