@@ -702,6 +702,64 @@ class VLLMEngine(InferenceEngine):
         }
         return end - start
 
+    # ----- an engine group (fleetrl.weights.engine_sync): the trainer drives vLLM's weight-transfer calls -----
+
+    def _started(self) -> Any:
+        """The AsyncLLM, even after a failed load (a rebuilt group or a stream load is how it recovers)."""
+        if self._llm is None:
+            raise EngineError("the engine is not started")
+        return self._llm
+
+    async def join_engine_group(self, engine: str, engine_init: dict[str, Any], timeout_s: float = 120.0) -> None:
+        """Build this replica's end of a weight-transfer engine group (``engine``: "fleetrl_gloo" here, vLLM's
+        "nccl" / "nccl_m2n" / "ipc" on GPUs): every worker joins at its rank offset; a later call rebuilds it."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        request = WeightTransferInitRequest(init_info={"engine": engine, "engine_init": engine_init})
+        await asyncio.wait_for(self._started().init_weight_transfer_engine(request), timeout_s)
+
+    async def start_engine_update(self) -> None:
+        """Pause generation (requests kept, as for a swap) and start a weight update; `engine_update` and then
+        `finish_engine_update` (or the failure of `engine_update`) end it. Held against other loads."""
+        llm = self._started()
+        await asyncio.wait_for(self._load_lock.acquire(), _RPC_TIMEOUT_S)
+        try:
+            await llm.pause_generation(mode="keep", clear_cache=self.kv_on_swap == "recompute")
+            try:
+                await asyncio.wait_for(llm.start_weight_update(), _RPC_TIMEOUT_S)
+            except BaseException:
+                await llm.resume_generation()
+                raise
+        except BaseException:
+            self._load_lock.release()
+            raise
+
+    async def engine_update(self, version: int, engine_update: dict[str, Any], timeout_s: float) -> None:
+        """Receive `version` through the engine group (every worker, bucket by bucket, into the model)."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        llm = self._started()
+        request = WeightTransferUpdateRequest(update_info={"version": version, "engine_update": engine_update})
+        try:
+            await asyncio.wait_for(llm.update_weights(request), timeout_s)
+        except BaseException as exc:
+            self._broken = f"the engine-group update to version {version} failed ({exc!r}); weights inconsistent"
+            logger.error(self._broken)
+            await llm.resume_generation()
+            self._load_lock.release()
+            raise
+
+    async def finish_engine_update(self, version: int) -> None:
+        """Finish the update (vLLM's layerwise post-processing), label new tokens `version`, resume generation."""
+        llm = self._started()
+        try:
+            await asyncio.wait_for(llm.finish_weight_update(str(version)), _RPC_TIMEOUT_S)
+            self.loaded_version, self.loaded_checksum = version, f"engine:{version}"
+            self._broken = None
+        finally:
+            await llm.resume_generation()
+            self._load_lock.release()
+
     async def _swap_by_reload_rpc(self, load_id: str, version: int, nbytes: int) -> tuple[float, str]:
         """The path before the weight-transfer API (weight_update="reload_rpc", kept for benchmarks): pause
         generation (in-flight requests kept), the worker extension's reload_weights, relabel, resume."""

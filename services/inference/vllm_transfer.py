@@ -26,6 +26,7 @@ and creates its transfer engine) and by `VLLMEngine` in the front end.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,14 +40,20 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from fleetrl.services.inference.vllm_worker import WeightSwapExtension
 
-__all__ = ["BACKEND", "StreamWeightTransferEngine", "WeightSwapExtension", "register"]
+__all__ = ["BACKEND", "LocalEngineClient", "StreamWeightTransferEngine", "WeightSwapExtension", "register"]
 
 BACKEND = "fleetrl_zmq"
 
 
 @dataclass
 class StreamInitInfo(WeightTransferInitInfo):
-    """Nothing to set up: each update names its stream (or its staged copy)."""
+    """Nothing to set up for the stream (each update names its stream or its staged copy). ``engine`` names a
+    collective engine to set up beside it, created through vLLM's factory and initialised with ``engine_init`` (its
+    own init info, e.g. the group's address and this replica's rank offset): the group is built here once and kept
+    until the next init or a shutdown; updates that carry ``engine_update`` go through it."""
+
+    engine: str = ""
+    engine_init: dict[str, Any] | None = None
 
 
 @dataclass
@@ -60,6 +67,8 @@ class StreamUpdateInfo(WeightTransferUpdateInfo):
     # world_size, as the replica's front end fills them after joining; every worker receives the version by
     # broadcast (rank_offset + its local rank) inside update_weights.
     collective: dict[str, Any] | None = None
+    # The engine set up at init (``StreamInitInfo.engine``): its own update info; the version arrives through it.
+    engine_update: dict[str, Any] | None = None
 
 
 class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpdateInfo]):
@@ -69,8 +78,20 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
     update_info_cls = StreamUpdateInfo
     supports_draft_weight_update = False
 
+    inner: WeightTransferEngine | None = None
+
     def init_transfer_engine(self, init_info: StreamInitInfo) -> None:
         self.initialized = True
+        if not init_info.engine:
+            return
+        from vllm.config.weight_transfer import WeightTransferConfig
+
+        self._shutdown_inner()  # a rebuilt group replaces the one before
+        inner = WeightTransferEngineFactory.create_engine(
+            WeightTransferConfig(backend=init_info.engine), self.vllm_config, self.device, self.model
+        )
+        inner.init_transfer_engine(inner.parse_init_info(init_info.engine_init or {}))
+        self.inner = inner
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -90,6 +111,21 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
     def receive_weights(self, update_info: StreamUpdateInfo) -> None:
         from fleetrl.services.inference.vllm_worker import fetch_checked, take_staged
 
+        if update_info.engine_update is not None:
+            if self.inner is None:
+                raise ValueError(
+                    "update_info names the engine group, but none was set up (init_weight_transfer_engine)"
+                )
+            self.inner.set_weight_update_target(self.model, self.model_config)
+            try:
+                self.inner.receive_weights(self.inner.parse_update_info(update_info.engine_update))
+            except BaseException:
+                # The group broke mid-version (a peer died, a damaged bucket): finish the layerwise reload so the
+                # model is whole again (layers not reached keep their weights) and the stream fallback's own update
+                # can start; it loads the version whole.
+                self.finish_weight_update()
+                raise
+            return
         if update_info.load_id:
             tensors = take_staged(update_info.load_id, update_info.version)
         elif update_info.collective:
@@ -129,12 +165,50 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
         return staged.tensors
 
     def shutdown(self) -> None:
-        """Nothing held between updates."""
+        """The stream holds nothing between updates; an engine group set up at init is left."""
+        self._shutdown_inner()
+
+    def _shutdown_inner(self) -> None:
+        if self.inner is not None:
+            self.inner.shutdown()
+            self.inner = None
+
+
+class LocalEngineClient:
+    """vLLM's ``VLLMWeightSyncClient`` for a fleetrl `VLLMEngine` in this process (tests, a colocated replica): each
+    of the four calls runs the engine's method on the engine's event loop (`loop`) and waits up to `timeout_s`. The
+    trainer's engine (fleetrl.weights.vllm_gloo) calls it from its own threads."""
+
+    def __init__(self, engine: Any, loop: Any, engine_name: str = "fleetrl_gloo", timeout_s: float = 120.0) -> None:
+        self.engine = engine
+        self.loop = loop
+        self.engine_name = engine_name
+        self.timeout_s = timeout_s
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        self._run(self.engine.join_engine_group(self.engine_name, init_info, self.timeout_s))
+
+    def start_weight_update(self) -> None:
+        self._run(self.engine.start_engine_update())
+
+    def update_weights(self, update_info: Any) -> None:
+        self._run(self.engine.engine_update(int(update_info["version"]), update_info, self.timeout_s))
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self._run(self.engine.finish_engine_update(int(weight_version or -1)))
+
+    def _run(self, coroutine: Any) -> Any:
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(self.timeout_s + 5.0)
 
 
 def register() -> None:
-    """Register the backend in this process's factory (idempotent)."""
-    if BACKEND not in WeightTransferEngineFactory._registry:
+    """Register the backend in this process's factory through the public ``register_engine`` (idempotent), and
+    fleetrl's gloo engine beside it (fleetrl.weights.vllm_gloo registers itself on import)."""
+    import fleetrl.weights.vllm_gloo  # noqa: F401  (registers "fleetrl_gloo" in this process)
+
+    with contextlib.suppress(ValueError):  # registered already
         WeightTransferEngineFactory.register_engine(BACKEND, StreamWeightTransferEngine)
 
 
