@@ -207,52 +207,51 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "fleetrl.tiny_model", str(model)], check=True, cwd=REPO)
     config = write_config(out, model.resolve(), args)
     run_dir = out / "run"
-    log = open(out / "fleetrl_up.log", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fleetrl", "up", str(config)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
-    )
-    probes: list[Probe] = []
-    restarts: list[float] = []
-    start = time.monotonic()
-    deadline = start + args.minutes * 60
-    next_restart = args.restart_every
-    victim = 0
-    first_step_s: float | None = None
-    try:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                print(f"fleetrl up exited early with {proc.returncode}; see {out / 'fleetrl_up.log'}")
-                break
-            steps = steps_done(run_dir)
-            step = max(steps, default=0)
-            now = time.monotonic() - start
-            if step and first_step_s is None:
-                first_step_s = now
-            for service, pid in service_processes(run_dir).items():
-                read = probe(pid)
-                if read is not None:
-                    probes.append(Probe(round(now, 1), step, service, pid, *read))
-            if args.restart_every and step >= next_restart:
-                replicas = {s: p for s, p in service_processes(run_dir).items() if s.startswith("inference")}
-                name = sorted(replicas)[victim % len(replicas)] if replicas else None
-                if name is not None:
-                    os.kill(replicas[name], signal.SIGKILL)
-                    restarts.append(now)
-                    print(f"[{now:7.0f} s] step {step}: SIGKILL {name} (pid {replicas[name]})", flush=True)
-                    victim += 1
-                next_restart += args.restart_every
-            if len(probes) and int(now) % 60 < args.sample_every:
-                print(f"[{now:7.0f} s] step {step}, {len(probes)} probes", flush=True)
-            time.sleep(args.sample_every)  # a sampling period, not a synchronisation
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # a graceful stop, as Ctrl-C
-            try:
-                proc.wait(timeout=180)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+    with open(out / "fleetrl_up.log", "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fleetrl", "up", str(config)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT
+        )
+        probes: list[Probe] = []
+        restarts: list[float] = []
+        start = time.monotonic()
+        deadline = start + args.minutes * 60
+        next_restart = args.restart_every
+        victim = 0
+        first_step_s: float | None = None
+        try:
+            while time.monotonic() < deadline:
+                if proc.poll() is not None:
+                    print(f"fleetrl up exited early with {proc.returncode}; see {out / 'fleetrl_up.log'}")
+                    break
+                steps = steps_done(run_dir)
+                step = max(steps, default=0)
+                now = time.monotonic() - start
+                if step and first_step_s is None:
+                    first_step_s = now
+                for service, pid in service_processes(run_dir).items():
+                    read = probe(pid)
+                    if read is not None:
+                        probes.append(Probe(round(now, 1), step, service, pid, *read))
+                if args.restart_every and step >= next_restart:
+                    replicas = {s: p for s, p in service_processes(run_dir).items() if s.startswith("inference")}
+                    name = sorted(replicas)[victim % len(replicas)] if replicas else None
+                    if name is not None:
+                        os.kill(replicas[name], signal.SIGKILL)
+                        restarts.append(now)
+                        print(f"[{now:7.0f} s] step {step}: SIGKILL {name} (pid {replicas[name]})", flush=True)
+                        victim += 1
+                    next_restart += args.restart_every
+                if len(probes) and int(now) % 60 < args.sample_every:
+                    print(f"[{now:7.0f} s] step {step}, {len(probes)} probes", flush=True)
+                time.sleep(args.sample_every)  # a sampling period, not a synchronisation
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)  # a graceful stop, as Ctrl-C
+                try:
+                    proc.wait(timeout=180)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
     total_s = time.monotonic() - start
     steps = steps_done(run_dir)
     with open(out / "samples.csv", "w", newline="") as f:

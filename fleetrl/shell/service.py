@@ -16,7 +16,9 @@
 4. on SIGINT/SIGTERM calls `Service.on_signal(count)` (default: set `stop`); a service that finishes work in
    flight first (the controller's step, the trainer's checkpoint) overrides it;
 5. always awaits `Service.close(code)`, then keeps /metrics up for `metrics_linger_s` after a clean exit (so a
-   scrape sees the final values) unless another signal comes.
+   scrape sees the final values) unless another signal comes;
+6. while the service runs, gives freed heap memory back to the OS every $FLEETRL_HEAP_TRIM_S seconds
+   (fleetrl.shell.heap: glibc keeps what several threads freed, and a long run's RSS would creep up).
 
 An exception from `start` or `run` is logged with its traceback and the exit code is 1; a failure is never silent.
 """
@@ -33,6 +35,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from fleetrl.ready_file import write_ready_file
+from fleetrl.shell.heap import heap_trim_interval, trim_heap_every
 from fleetrl.telemetry import MetricsServer, linger_then_close, start_metrics_server
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,10 @@ async def run_service(service: Service, shell: ShellConfig) -> int:
             pass
     metrics: MetricsServer | None = None
     code = EXIT_FAILED
+    trim_stop = asyncio.Event()
+    trimmer: asyncio.Task[int] | None = None
     try:
+        trim_interval_s = heap_trim_interval()
         if shell.metrics_port is not None:
             metrics = start_metrics_server(shell.metrics_port, host=shell.host)
             service.bind_metrics(metrics.registry)
@@ -123,6 +129,7 @@ async def run_service(service: Service, shell: ShellConfig) -> int:
         if shell.ready_file:
             write_ready_file(shell.ready_file, info)
         log.info("%s serving: %s", service.name, info)
+        trimmer = asyncio.create_task(trim_heap_every(trim_interval_s, trim_stop), name="heap-trim")
         code = await service.run(stop)
     except asyncio.CancelledError:
         code = EXIT_SIGNALLED if signals else EXIT_FAILED
@@ -132,6 +139,9 @@ async def run_service(service: Service, shell: ShellConfig) -> int:
         log.exception("%s failed", service.name)
         code = EXIT_FAILED
     finally:
+        if trimmer is not None:
+            trim_stop.set()
+            await asyncio.gather(trimmer, return_exceptions=True)
         try:
             await service.close(code)
         except Exception:
