@@ -27,7 +27,7 @@ StalePolicy = Literal["requeue", "train"]
 
 
 # Built-in advantage estimators (fleetrl.trainer.advantage_estimators), by name.
-ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp")
+ADVANTAGE_ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce_pp", "turn_discounted")
 
 
 class ConfigError(ValueError):
@@ -186,8 +186,16 @@ class Config(BaseModel):
     advantage_estimator: str = Field(
         "grpo",
         description="How a step's rewards become advantages: 'grpo' (group normalisation, advantage_mode), 'rloo' "
-        "(leave-one-out baseline), 'reinforce_pp' (group-centred, batch-normalised) or an import path "
+        "(leave-one-out baseline), 'reinforce_pp' (group-centred, batch-normalised), 'turn_discounted' (per turn: "
+        "discounted return-to-go against the group at that turn, from samples' turn_rewards) or an import path "
         "'pkg.module:fn' / 'path/to/file.py:fn' (docs/losses.md, 'Advantage estimators'), tried at start.",
+    )
+    turn_discount: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="gamma of advantage_estimator 'turn_discounted': a turn's return is its reward plus gamma times "
+        "the next turn's return.",
     )
     max_concurrency: int | None = Field(None, description="C: rollout samples in flight at once; None = unbounded.")
     rollout_extras: dict[str, Any] = Field(

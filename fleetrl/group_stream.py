@@ -67,11 +67,16 @@ def group_to_proto(group: RolloutGroup) -> rollout_pb2.RolloutGroup:
             sample.metrics[key] = float(value)
         if s.member is not None:
             sample.member = int(s.member)
+        if s.turn_rewards is not None:
+            sample.turn_rewards.extend(float(r) for r in s.turn_rewards)
+        if s.turn_ends is not None:
+            sample.turn_ends.extend(s.turn_ends)
     return msg
 
 
 def group_from_proto(msg: rollout_pb2.RolloutGroup) -> RolloutGroup:
-    """The domain group (samples not yet validated). An empty `versions` list means unknown."""
+    """The domain group (samples not yet validated). An empty `versions` list means unknown, empty `turn_rewards`
+    and `turn_ends` none (a group from a sender older than those fields reads the same)."""
     samples = [
         RolloutSample(
             tokens=list(s.tokens),
@@ -83,6 +88,8 @@ def group_from_proto(msg: rollout_pb2.RolloutGroup) -> RolloutGroup:
             versions=list(s.versions) if len(s.versions) else None,
             metrics=dict(s.metrics),
             member=s.member if s.HasField("member") else None,
+            turn_rewards=list(s.turn_rewards) if len(s.turn_rewards) else None,
+            turn_ends=list(s.turn_ends) if len(s.turn_ends) else None,
         )
         for s in msg.samples
     ]

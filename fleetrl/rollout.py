@@ -70,6 +70,14 @@ class RolloutSample:
         prompt_model_input: the cookbook's `tinker.ModelInput` of the prompt; fleetrl trains on token ids only, so
             it must be text whose tokens are those of `tokens` before the first trained one (an image chunk, or
             other tokens, make the sample invalid, naming the field).
+        turn_rewards: optional rewards per turn, beside the total `reward` (which the one-reward estimators use):
+            one finite number per turn, turn k being the k-th run of trainable tokens (loss_mask 1 from position
+            1 on), or the k-th token span of `turn_ends` when given. Turn-level estimators (`turn_discounted`, a
+            user's estimator taking `turn_rewards`) credit each turn's tokens from these; without them a sample
+            counts as its turns with 0 reward each but the last, which has `reward` (docs/losses.md).
+        turn_ends: optional token spans for `turn_rewards`: span k is tokens[turn_ends[k-1]:turn_ends[k]] (from 0
+            for k = 0), strictly increasing, the last equal to len(tokens); each span needs a trainable token.
+            None: the spans are the runs of trainable tokens.
     """
 
     tokens: list[int]
@@ -84,6 +92,8 @@ class RolloutSample:
     raw_logprobs: list[float] | None = None
     routing_matrices: list[Any] | None = None
     prompt_model_input: Any = None
+    turn_rewards: list[float] | None = None
+    turn_ends: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.routing_matrices is not None and len(self.routing_matrices) > 0:
@@ -100,6 +110,29 @@ class RolloutSample:
     @property
     def num_generated(self) -> int:
         return sum(self.loss_mask)
+
+
+def trainable_runs(loss_mask: list[int]) -> list[tuple[int, int]]:
+    """The runs of trainable tokens, [start, end) each, from position 1 on (position 0 is never a target)."""
+    runs: list[tuple[int, int]] = []
+    start: int | None = None
+    for i in range(1, len(loss_mask) + 1):
+        on = i < len(loss_mask) and bool(loss_mask[i])
+        if on and start is None:
+            start = i
+        elif not on and start is not None:
+            runs.append((start, i))
+            start = None
+    return runs
+
+
+def turn_spans(sample: RolloutSample) -> list[tuple[int, int]]:
+    """The sample's turns as token spans [start, end): from `turn_ends` when given, else its trainable runs. Turn
+    k's tokens are the trainable ones in its span (the sample is assumed valid: `validate_sample`)."""
+    if sample.turn_ends is None:
+        return trainable_runs(sample.loss_mask)
+    starts = [0, *sample.turn_ends[:-1]]
+    return list(zip(starts, sample.turn_ends, strict=True))
 
 
 def _check_int_list(name: str, values: Any) -> None:
@@ -158,6 +191,7 @@ def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> Non
         if m and not (math.isfinite(lp) and lp <= 1e-6):
             raise InvalidSampleError("logprobs", f"masked position {i} has logprob {lp}")
     _check_cookbook_fields(sample, n)
+    _check_turns(sample, n)
     if not isinstance(sample.metrics, dict):
         raise InvalidSampleError("metrics", "must be a dict of name -> float")
     for key, value in sample.metrics.items():
@@ -167,6 +201,44 @@ def validate_sample(sample: RolloutSample, vocab_size: int | None = None) -> Non
             continue  # True/False count as 1/0, e.g. metrics={"correct": True}
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise InvalidSampleError("metrics", f"{key!r} = {value!r} is not a finite number")
+
+
+def _check_turns(sample: RolloutSample, n: int) -> None:
+    """`turn_rewards`: one finite number per turn; `turn_ends`: increasing span ends, the last len(tokens), each
+    span holding a trainable token (an advantage per span lands on trainable tokens only)."""
+    rewards, ends = sample.turn_rewards, sample.turn_ends
+    if rewards is None:
+        if ends is not None:
+            raise InvalidSampleError("turn_ends", "given without turn_rewards (the spans they would reward)")
+        return
+    if not isinstance(rewards, list | tuple) or not rewards:
+        raise InvalidSampleError("turn_rewards", "must be a non-empty list of numbers (one per turn), or None")
+    for k, r in enumerate(rewards):
+        if isinstance(r, bool) or not isinstance(r, int | float) or not math.isfinite(r):
+            raise InvalidSampleError("turn_rewards", f"turn {k} has {r!r}, not a finite number")
+    if ends is None:
+        runs = len(trainable_runs(sample.loss_mask))
+        if len(rewards) != runs:
+            raise InvalidSampleError(
+                "turn_rewards",
+                f"{len(rewards)} rewards for {runs} turns (runs of trainable tokens); give one per turn, or "
+                "turn_ends for other spans",
+            )
+        return
+    _check_int_list("turn_ends", ends)
+    if len(ends) != len(rewards):
+        raise InvalidSampleError("turn_ends", f"{len(ends)} span ends for {len(rewards)} turn_rewards")
+    previous = 0
+    for k, end in enumerate(ends):
+        if end <= previous:
+            raise InvalidSampleError("turn_ends", f"end {k} ({end}) is not past the previous one ({previous})")
+        if not any(sample.loss_mask[max(previous, 1) : end]):
+            raise InvalidSampleError(
+                "turn_ends", f"span {k} [{previous}, {end}) has no trainable token (a reward there trains nothing)"
+            )
+        previous = end
+    if previous != n:
+        raise InvalidSampleError("turn_ends", f"the last span ends at {previous}, not at len(tokens) {n}")
 
 
 def _check_cookbook_fields(sample: RolloutSample, n: int) -> None:
@@ -339,6 +411,11 @@ class RolloutRun:
         reward: scalar reward of the whole trajectory; None = the segments' (one shared) reward.
         finish_reason, text, metrics: as on `RolloutSample` (text and finish_reason go to the last sample).
         run_id, metadata: the cookbook's optional labels; kept for the user, not trained on.
+        turn_rewards: optional reward per segment (a segment is a turn: its new tokens up to the next segment's),
+            beside the total `reward`; each sample of the run gets those of its segments as
+            `RolloutSample.turn_rewards` with `turn_ends` at the segments' ends, so turn-level estimators
+            (`turn_discounted`) credit each turn by its own reward and what follows it. A segment with no trainable
+            token of its own cannot carry a reward (the sample is invalid, naming turn_ends).
     """
 
     segments: list[Any]
@@ -348,6 +425,7 @@ class RolloutRun:
     metrics: dict[str, float] = field(default_factory=dict)
     run_id: str | None = None
     metadata: dict[str, Any] | None = None
+    turn_rewards: list[float] | None = None
 
     def _reward_and_ending(self) -> tuple[float, str, str]:
         """The run's reward, finish reason and text; from its RolloutSample segments when not given."""
@@ -380,7 +458,17 @@ class RolloutRun:
         # RolloutSample segments may carry metrics (the cookbook's form); the run's own metrics win.
         metrics = {k: v for seg in self.segments for k, v in (getattr(seg, "metrics", None) or {}).items()}
         metrics.update(self.metrics)
+        turn_rewards = self.turn_rewards
+        if turn_rewards is not None and (
+            not isinstance(turn_rewards, list | tuple) or len(turn_rewards) != len(self.segments)
+        ):
+            got = f"{len(turn_rewards)} rewards" if isinstance(turn_rewards, list | tuple) else repr(turn_rewards)
+            raise InvalidSampleError(
+                "turn_rewards", f"a RolloutRun's turn_rewards has one per segment ({len(self.segments)}), got {got}"
+            )
         merged: list[RolloutSegment] = []
+        ends: list[list[int]] = []  # per merged sample: where each of its segments ends
+        owners: list[int] = []  # the merged sample of each segment
         for i, seg in enumerate(self.segments):
             for name in ("tokens", "logprobs", "loss_mask"):
                 if not isinstance(getattr(seg, name, None), list | tuple):
@@ -400,6 +488,12 @@ class RolloutRun:
                     last.versions = None
             else:
                 merged.append(RolloutSegment(tokens, logprobs, mask, versions))
+                ends.append([])
+            ends[-1].append(len(merged[-1].tokens))
+            owners.append(len(merged) - 1)
+        per_sample: list[list[float] | None] = [None] * len(merged)
+        if turn_rewards is not None:
+            per_sample = [[r for r, o in zip(turn_rewards, owners, strict=True) if o == j] for j in range(len(merged))]
         return [
             RolloutSample(
                 tokens=seg.tokens,
@@ -410,6 +504,8 @@ class RolloutRun:
                 text=text if i == len(merged) - 1 else "",
                 versions=seg.versions,
                 metrics=dict(metrics),
+                turn_rewards=per_sample[i],
+                turn_ends=None if per_sample[i] is None else ends[i],
             )
             for i, seg in enumerate(merged)
         ]

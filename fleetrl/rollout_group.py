@@ -7,6 +7,9 @@ names), which the trainer's standalone mode replays:
     {"row_id": 7, "submit_version": 0, "samples": [{"tokens": [...], "logprobs": [...],
      "loss_mask": [...], "reward": 1.0, "versions": [...], "metrics": {"correct": 1.0}}, ...]}
 
+A sample's optional fields appear only when set ("member"; "turn_rewards" and "turn_ends", the per-turn rewards of
+`RolloutSample`), so a record written before they existed reads as it always did.
+
 Pure Python: no sockets.
 """
 
@@ -30,6 +33,7 @@ _SAMPLE_FIELDS = (
     "versions",
     "metrics",
 )
+_OPTIONAL_SAMPLE_FIELDS = ("member", "turn_rewards", "turn_ends")  # written only when set (not None)
 
 
 @dataclass(frozen=True)
@@ -104,8 +108,9 @@ class GroupFormatError(ValueError):
 
 def sample_to_dict(sample: RolloutSample) -> dict[str, Any]:
     out = {name: getattr(sample, name) for name in _SAMPLE_FIELDS}
-    if sample.member is not None:  # only for a RolloutRun split into samples: older records have none
-        out["member"] = sample.member
+    for name in _OPTIONAL_SAMPLE_FIELDS:  # older records have none of them
+        if getattr(sample, name) is not None:
+            out[name] = getattr(sample, name)
     return out
 
 
@@ -127,7 +132,7 @@ def sample_from_dict(data: Any, where: str = "sample") -> RolloutSample:
     """Build a RolloutSample from a dict (unvalidated: validation is `split_valid`'s job)."""
     if not isinstance(data, dict):
         raise GroupFormatError(f"{where}: expected an object, got {type(data).__name__}")
-    unknown = set(data) - {*_SAMPLE_FIELDS, "member"}
+    unknown = set(data) - {*_SAMPLE_FIELDS, *_OPTIONAL_SAMPLE_FIELDS}
     if unknown:
         raise GroupFormatError(f"{where}: unknown field(s) {sorted(unknown)}")
     missing = [k for k in ("tokens", "logprobs", "loss_mask", "reward") if k not in data]
@@ -143,6 +148,8 @@ def sample_from_dict(data: Any, where: str = "sample") -> RolloutSample:
         versions=data.get("versions"),
         member=data.get("member"),
         metrics=data.get("metrics") or {},
+        turn_rewards=data.get("turn_rewards"),
+        turn_ends=data.get("turn_ends"),
     )
 
 

@@ -313,6 +313,7 @@ class PolicyTrainer:
             fresh,
             advantage_mode=self.cfg.advantage_mode,
             advantage_estimator=getattr(self.cfg, "advantage_estimator", "grpo"),
+            turn_discount=getattr(self.cfg, "turn_discount", 1.0),
             train_version=self.version,
             max_offpolicy=refuse_above,
             vocab_size=self.vocab_size,

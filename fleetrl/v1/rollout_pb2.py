@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66leetrl/v1/rollout.proto\x12\nfleetrl.v1\"\x94\x02\n\rRolloutSample\x12\x0e\n\x06tokens\x18\x01 \x03(\x03\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x10\n\x08versions\x18\x07 \x03(\x03\x12\x37\n\x07metrics\x18\x08 \x03(\x0b\x32&.fleetrl.v1.RolloutSample.MetricsEntry\x12\x13\n\x06member\x18\t \x01(\x03H\x00\x88\x01\x01\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_member\"\xaa\x01\n\x0cRolloutGroup\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x16\n\x0esubmit_version\x18\x02 \x01(\x03\x12*\n\x07samples\x18\x03 \x03(\x0b\x32\x19.fleetrl.v1.RolloutSample\x12\x12\n\nauth_token\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x11\n\tlease_tag\x18\x07 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66leetrl/v1/rollout.proto\x12\nfleetrl.v1\"\xbd\x02\n\rRolloutSample\x12\x0e\n\x06tokens\x18\x01 \x03(\x03\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x11\n\tloss_mask\x18\x03 \x03(\x05\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x0c\n\x04text\x18\x06 \x01(\t\x12\x10\n\x08versions\x18\x07 \x03(\x03\x12\x37\n\x07metrics\x18\x08 \x03(\x0b\x32&.fleetrl.v1.RolloutSample.MetricsEntry\x12\x13\n\x06member\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x14\n\x0cturn_rewards\x18\n \x03(\x01\x12\x11\n\tturn_ends\x18\x0b \x03(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\t\n\x07_member\"\xaa\x01\n\x0cRolloutGroup\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x16\n\x0esubmit_version\x18\x02 \x01(\x03\x12*\n\x07samples\x18\x03 \x03(\x0b\x32\x19.fleetrl.v1.RolloutSample\x12\x12\n\nauth_token\x18\x04 \x01(\t\x12\x0e\n\x06source\x18\x05 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x03\x12\x11\n\tlease_tag\x18\x07 \x01(\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,9 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTSAMPLE_METRICSENTRY']._loaded_options = None
   _globals['_ROLLOUTSAMPLE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_ROLLOUTSAMPLE']._serialized_start=41
-  _globals['_ROLLOUTSAMPLE']._serialized_end=317
-  _globals['_ROLLOUTSAMPLE_METRICSENTRY']._serialized_start=260
-  _globals['_ROLLOUTSAMPLE_METRICSENTRY']._serialized_end=306
-  _globals['_ROLLOUTGROUP']._serialized_start=320
-  _globals['_ROLLOUTGROUP']._serialized_end=490
+  _globals['_ROLLOUTSAMPLE']._serialized_end=358
+  _globals['_ROLLOUTSAMPLE_METRICSENTRY']._serialized_start=301
+  _globals['_ROLLOUTSAMPLE_METRICSENTRY']._serialized_end=347
+  _globals['_ROLLOUTGROUP']._serialized_start=361
+  _globals['_ROLLOUTGROUP']._serialized_end=531
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RolloutSample(_message.Message):
-    __slots__ = ("tokens", "logprobs", "loss_mask", "reward", "finish_reason", "text", "versions", "metrics", "member")
+    __slots__ = ("tokens", "logprobs", "loss_mask", "reward", "finish_reason", "text", "versions", "metrics", "member", "turn_rewards", "turn_ends")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,6 +24,8 @@ class RolloutSample(_message.Message):
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     MEMBER_FIELD_NUMBER: _ClassVar[int]
+    TURN_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TURN_ENDS_FIELD_NUMBER: _ClassVar[int]
     tokens: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedScalarFieldContainer[float]
     loss_mask: _containers.RepeatedScalarFieldContainer[int]
@@ -33,7 +35,9 @@ class RolloutSample(_message.Message):
     versions: _containers.RepeatedScalarFieldContainer[int]
     metrics: _containers.ScalarMap[str, float]
     member: int
-    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., member: _Optional[int] = ...) -> None: ...
+    turn_rewards: _containers.RepeatedScalarFieldContainer[float]
+    turn_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, tokens: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., reward: _Optional[float] = ..., finish_reason: _Optional[str] = ..., text: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., metrics: _Optional[_Mapping[str, float]] = ..., member: _Optional[int] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., turn_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("row_id", "submit_version", "samples", "auth_token", "source", "attempt", "lease_tag")
