@@ -198,6 +198,8 @@ def guarded_protocol(server: SessionServer) -> type:
             super().connection_lost(exc)
 
         def _fleetrl_progress(self) -> Any:
+            if self.transport.is_closing():  # closed gently (keep-alive's end) but its reply may never drain
+                return ("closing", self.transport.get_write_buffer_size())
             cycle = self.cycle
             if cycle is not None and not cycle.response_complete:
                 if not self.flow.write_paused:
@@ -207,11 +209,9 @@ def guarded_protocol(server: SessionServer) -> type:
 
         def _fleetrl_check(self) -> None:
             self._fleetrl_timer = None
-            if self.transport.is_closing():
-                return
             mark = self._fleetrl_progress()
             if mark == self._fleetrl_mark:
-                stalled = "a reader took none of its reply" if mark[0] == "paused" else "no request came"
+                stalled = "no request came" if mark[0] == "idle" else "a reader took none of its reply"
                 server.refused(
                     "connections_stalled", f"a connection was closed: {stalled} for {limits.stall_timeout_s:g} s"
                 )

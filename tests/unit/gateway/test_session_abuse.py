@@ -162,14 +162,15 @@ async def test_connections_past_the_limit_are_closed_as_they_are_accepted(tokeni
         await server.close()
 
 
-async def test_a_reader_that_takes_none_of_its_reply_is_cut_off(tokenizer):
-    """A reply larger than the socket buffers (a long completion with logprobs) to a client that never reads.
-    Before: the reply's task waited on the socket forever, and a plain close would too (it waits for the unread
-    bytes to drain): the connection and its memory stayed for good."""
+@pytest.mark.parametrize("stall_timeout_s", [0.5, 6.0])
+async def test_a_reader_that_takes_none_of_its_reply_is_cut_off(tokenizer, stall_timeout_s):
+    """A reply larger than the socket buffers (a long completion with logprobs) to a client that never reads, cut
+    off by the stall limit whether it comes before or after uvicorn's 5 s keep-alive closes the connection gently.
+    Before: the connection stayed for good, with its unsent reply: a gentle close waits for the unread bytes to
+    drain, which they never do."""
     sampler = ScriptedSampler(tokenizer, ["ab " * 60_000])
-    server = SessionServer(
-        sampler, tokenizer, sample_kwargs={"max_tokens": 10**6}, limits=SessionLimits(stall_timeout_s=0.5)
-    )
+    limits = SessionLimits(stall_timeout_s=stall_timeout_s)
+    server = SessionServer(sampler, tokenizer, sample_kwargs={"max_tokens": 10**6}, limits=limits)
     session = await server.open()
     try:
         sock = socket.socket()
