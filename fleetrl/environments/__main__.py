@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"fleetrl.environments: {exc}", file=sys.stderr)
         return 2
+    finally:
+        for path in args.path:
+            sys.path.remove(path)
     with open(args.out, "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in found)
     print(f"wrote {len(found)} rows to {args.out}")
