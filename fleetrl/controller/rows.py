@@ -5,7 +5,10 @@ the controller holds no copy of it.
     len(rows); rows[17]                       # a dict, read from the Arrow file on demand
 
 Sources (`run.dataset`, `run.eval_dataset`):
-- a JSONL or JSON file, a Parquet file: converted once to Arrow in the `datasets` cache (`HF_DATASETS_CACHE`, by
+- a JSONL file of at most `IN_MEMORY_BYTES` (8 MiB): read into memory as written, without importing `datasets`
+  (about 1 s of CPU at the controller's start, on the way to the first step); a top-level key missing from one row
+  reads as None in it, as it does through Arrow;
+- a larger JSONL file, a JSON or Parquet file: converted once to Arrow in the `datasets` cache (`HF_DATASETS_CACHE`, by
   default ~/.cache/huggingface/datasets), then memory-mapped; a later start reuses the conversion;
 - a folder written by `Dataset.save_to_disk` (or a `DatasetDict` folder: its "train" split; `folder:split` picks
   another);
@@ -31,6 +34,12 @@ from typing import Any, overload
 log = logging.getLogger(__name__)
 
 JSON_SUFFIXES = (".jsonl", ".json", ".ndjson")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+
+IN_MEMORY_BYTES = 8 << 20
+"""A JSONL file up to this size is read into memory rather than converted to Arrow: `import datasets` (with pandas
+and pyarrow) costs about 1 s of CPU in the controller's start-up, which `fleetrl up` runs after the trainer is ready,
+so on the way to the first step; 8 MiB of rows take tens of MB as Python objects."""
 
 
 class ArrowRows(Sequence[dict[str, Any]]):
@@ -72,14 +81,19 @@ class ArrowRows(Sequence[dict[str, Any]]):
         return f"ArrowRows({self.source!r}, {len(self)} rows)"
 
 
-def open_rows(source: str | Path, max_rows: int | None = None) -> Sequence[dict[str, Any]]:
-    """The rows of `source` (see the module docstring); ValueError names the source and what is wrong."""
+def open_rows(
+    source: str | Path, max_rows: int | None = None, in_memory_bytes: int = IN_MEMORY_BYTES
+) -> Sequence[dict[str, Any]]:
+    """The rows of `source` (see the module docstring; a JSONL file of at most `in_memory_bytes` is read into
+    memory); ValueError names the source and what is wrong."""
     text = str(source)
     if not text:
         raise ValueError("no dataset given (run.dataset)")
     path = Path(text)
     if path.is_dir() or (not path.exists() and Path(text.rsplit(":", 1)[0]).is_dir()):
         rows: Sequence[dict[str, Any]] = _from_disk(text)
+    elif path.is_file() and path.suffix.lower() in JSONL_SUFFIXES and path.stat().st_size <= in_memory_bytes:
+        rows = _small_jsonl_rows(path, max_rows)
     elif path.is_file():
         rows = _from_file(path)
     elif path.suffix.lower() in (*JSON_SUFFIXES, ".parquet") or text.startswith(("/", ".", "~")):
@@ -188,6 +202,18 @@ def _from_file(path: Path) -> Sequence[dict[str, Any]]:
     if builder == "json" and dataset.num_columns == 0:
         check_jsonl_lines(path)
     return ArrowRows(dataset, str(path))
+
+
+def _small_jsonl_rows(path: Path, max_rows: int | None) -> list[dict[str, Any]]:
+    """A small JSONL file's rows in memory, as written; a top-level key some rows lack is None in them (Arrow's one
+    schema per dataset does the same on the larger files' path). A bad line fails with its number."""
+    rows = list(islice(_jsonl_rows(path), max_rows))
+    keys = dict.fromkeys(key for row in rows for key in row)
+    for row in rows:
+        if len(row) != len(keys):
+            for key in keys:
+                row.setdefault(key, None)
+    return rows
 
 
 def _from_disk(text: str) -> ArrowRows:

@@ -30,7 +30,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_jsonl_is_memory_mapped_and_reads_back_the_rows(tmp_path: Path) -> None:
-    rows = open_rows(write_jsonl(tmp_path / "train.jsonl", ROWS))
+    rows = open_rows(write_jsonl(tmp_path / "train.jsonl", ROWS), in_memory_bytes=0)
     assert isinstance(rows, ArrowRows)
     assert rows.dataset.cache_files, "the rows are not backed by an Arrow file"
     assert len(rows) == 20 and rows[3] == ROWS[3] and rows[-1] == ROWS[-1]
@@ -57,20 +57,34 @@ def test_a_dataset_dict_folder_takes_train_or_the_named_split(tmp_path: Path) ->
 
 
 def test_max_rows_selects_without_copying(tmp_path: Path) -> None:
-    rows = load_rows(write_jsonl(tmp_path / "train.jsonl", ROWS), max_rows=4)
+    rows = open_rows(write_jsonl(tmp_path / "train.jsonl", ROWS), max_rows=4, in_memory_bytes=0)
     assert isinstance(rows, ArrowRows) and list(rows) == ROWS[:4]
+    assert load_rows(tmp_path / "train.jsonl", max_rows=4) == ROWS[:4]  # a small file: in memory
 
 
 def test_values_of_mixed_types_read_back_as_written(tmp_path: Path) -> None:
     mixed = [{"x": 1}, {"x": [1, 2]}, {"x": "three"}, {"x": {"nested": True}}]
-    assert list(open_rows(write_jsonl(tmp_path / "mixed.jsonl", mixed))) == mixed
+    for in_memory_bytes in (0, 1 << 20):  # through Arrow, and in memory
+        assert list(open_rows(write_jsonl(tmp_path / "mixed.jsonl", mixed), in_memory_bytes=in_memory_bytes)) == mixed
+
+
+def test_a_small_jsonl_reads_as_the_arrow_path_does(tmp_path: Path) -> None:
+    """In memory or through Arrow, the same rows: nested values, and a top-level key missing from a row as None."""
+    ragged = [{"q": "1+1", "a": "2"}, {"q": "2+2"}, {"q": "3+3", "a": "6", "level": 3}]
+    for name, rows in (("nested.jsonl", ROWS), ("ragged.jsonl", ragged)):
+        path = write_jsonl(tmp_path / name, rows)
+        in_memory, arrow = open_rows(path), open_rows(path, in_memory_bytes=0)
+        assert isinstance(in_memory, list) and isinstance(arrow, ArrowRows)
+        assert in_memory == list(arrow)
+    assert open_rows(tmp_path / "ragged.jsonl")[1] == {"q": "2+2", "a": None, "level": None}
 
 
 def test_bad_sources_fail_naming_what_is_wrong(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"a": 1}\n{"a": \n')
-    with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
-        open_rows(bad)
+    for in_memory_bytes in (0, 1 << 20):
+        with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
+            open_rows(bad, in_memory_bytes=in_memory_bytes)
     with pytest.raises(ValueError, match="no such dataset file"):
         open_rows(tmp_path / "missing.jsonl")
     with pytest.raises(ValueError, match="not a hub dataset in the local datasets cache"):
