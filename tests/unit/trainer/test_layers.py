@@ -143,3 +143,24 @@ def test_compiled_layers_give_the_eager_loss_and_gradients(tiny_model_dir):
     calls = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     _assert_same(loss_and_grads(eager), loss_and_grads(compiled), 1e-4)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > calls  # the layers did run compiled
+
+
+def test_the_trainer_trains_with_the_configured_plan(tiny_model_dir, tmp_path):
+    """The run config's plan reaches the trainer's model, and its step recomputes what the plan says (the tiny
+    model's 2 layers, every 2nd: layer 0's MLP only)."""
+    from fleetrl.trainer import PolicyTrainer
+    from tests.unit.trainer.helpers import make_cfg, tiny_groups
+
+    cfg = make_cfg(
+        tiny_model_dir,
+        tmp_path,
+        gradient_checkpointing=True,
+        gradient_checkpointing_every=2,
+        gradient_checkpointing_scope="mlp",
+    )
+    trainer = PolicyTrainer(cfg)
+    counts = _count_forwards(trainer.model, "mlp.gate_proj")
+    result = trainer.train_step(tiny_groups(tiny_model_dir, num_groups=2, group_size=4))
+    assert torch.isfinite(torch.tensor(result.metrics["train/loss"]))
+    # Layer 1's MLP runs once per forward; layer 0's once more per backward (its recomputation).
+    assert counts[1] >= 1 and counts[0] > counts[1]
