@@ -146,3 +146,11 @@ async def test_a_collective_push_lands_in_both_ranks_shards(tp_engine, tiny_mode
     with WeightPublisher() as publisher:
         publisher.publish(version + 1, original)
         await tp_engine.load_weights(version + 1, publisher.address, timeout_s=60)
+
+
+async def test_versions_reach_both_ranks_through_one_engine_group(tp_engine, tiny_model_dir):
+    # Issue 39 item 3: the engine-group flow (fleetrl.weights.engine_sync over the "fleetrl_gloo" engine pair), each
+    # of the two workers a rank of the group (rank offset + its TP rank) receiving every bucket and loading its shards.
+    from tests.integration.inference.engine_group import check_versions_through_the_group
+
+    await check_versions_through_the_group(tp_engine, tiny_model_dir, workers=2)
