@@ -19,6 +19,8 @@ rows.jsonl` writes one row per task (`{"task_idx": i}`) for `[run] dataset`.
 from __future__ import annotations
 
 import json
+import logging
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,11 +29,30 @@ if TYPE_CHECKING:
     from fleetrl.agent_session import AgentSession
     from fleetrl.rollout import RolloutRun, RolloutSetup
 
+log = logging.getLogger(__name__)
 KINDS = ("verifiers", "openenv")
 
 
 class EnvironmentEpisodeError(RuntimeError):
-    """An environment's episode failed (its own error, a timeout, a reward not scored): the sample is dropped."""
+    """An environment's episode failed (its own error, a timeout, a reward not scored): the sample is dropped.
+    `reason` is a short name of the kind of failure (verifiers' error type, `unscored`, `bad_action`, ...)."""
+
+    def __init__(self, message: str, reason: str = "error") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class FailureCounts:
+    """Failed episodes by reason, each reason logged (with its message) the first time it occurs: the gateway logs
+    a traceback once per exception type, and every environment failure is an `EnvironmentEpisodeError`."""
+
+    def __init__(self, source: str) -> None:
+        self.source, self.counts = source, Counter[str]()
+
+    def record(self, exc: EnvironmentEpisodeError) -> None:
+        self.counts[exc.reason] += 1
+        if self.counts[exc.reason] == 1:
+            log.warning("%s: an episode failed (%s; later ones only counted): %s", self.source, exc.reason, exc)
 
 
 def parse_environment(spec: str) -> tuple[str, str]:

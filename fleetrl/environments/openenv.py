@@ -29,7 +29,7 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-from fleetrl.environments import EnvironmentEpisodeError, record_session
+from fleetrl.environments import EnvironmentEpisodeError, FailureCounts, record_session
 
 if TYPE_CHECKING:
     from fleetrl.rollout import RolloutRun, RolloutSetup
@@ -50,7 +50,9 @@ def observation_text(observation: dict[str, Any], field: str | None) -> str:
     """What the model is shown of an observation: `field`'s value, or the visible fields as JSON."""
     if field is not None:
         if field not in observation:
-            raise EnvironmentEpisodeError(f"observation has no field {field!r} (has {sorted(observation)})")
+            raise EnvironmentEpisodeError(
+                f"observation has no field {field!r} (has {sorted(observation)})", "bad_observation"
+            )
         value = observation[field]
         return value if isinstance(value, str) else json.dumps(value)
     visible = {k: v for k, v in observation.items() if k not in HIDDEN_OBSERVATION_FIELDS}
@@ -64,9 +66,11 @@ def reply_action(reply: str, field: str, as_json: bool) -> dict[str, Any]:
     try:
         action = json.loads(reply)
     except json.JSONDecodeError as exc:
-        raise EnvironmentEpisodeError(f"the reply is not a JSON action ({exc}): {reply[:200]!r}") from None
+        raise EnvironmentEpisodeError(
+            f"the reply is not a JSON action ({exc}): {reply[:200]!r}", "bad_action"
+        ) from None
     if not isinstance(action, dict):
-        raise EnvironmentEpisodeError(f"the reply is JSON but not an object: {reply[:200]!r}")
+        raise EnvironmentEpisodeError(f"the reply is JSON but not an object: {reply[:200]!r}", "bad_action")
     return action
 
 
@@ -90,11 +94,19 @@ class OpenEnvRollout:
         self.message_timeout_s = float(options.get("message_timeout_s", 60.0))
         if self.max_turns < 1:
             raise ValueError(f"environment_options.max_turns must be >= 1, got {self.max_turns}")
+        self.failures = FailureCounts(f"openenv:{base_url}")
 
     async def close(self) -> None:
         """Nothing held between episodes (each opens its own WebSocket session)."""
 
     async def __call__(self, row: dict[str, Any]) -> RolloutRun:
+        try:
+            return await self._play(row)
+        except EnvironmentEpisodeError as exc:
+            self.failures.record(exc)
+            raise
+
+    async def _play(self, row: dict[str, Any]) -> RolloutRun:
         import openai
         from openenv import GenericEnvClient
 
@@ -130,13 +142,15 @@ class OpenEnvRollout:
         except (openai.APIError, ConnectionError, OSError, TimeoutError, RuntimeError, ValueError) as exc:
             # the server unreachable or refusing a step, a reply the session refused (a prompt past max_seq_len)
             raise EnvironmentEpisodeError(
-                f"openenv episode at {self.base_url} failed: {type(exc).__name__}: {exc}"
+                f"openenv episode at {self.base_url} failed: {type(exc).__name__}: {exc}", type(exc).__name__
             ) from exc
         finally:
             await env.disconnect()
         reward = sum(step_rewards)
         if not math.isfinite(reward):
-            raise EnvironmentEpisodeError(f"openenv episode: reward {reward} is not finite ({step_rewards})")
+            raise EnvironmentEpisodeError(
+                f"openenv episode: reward {reward} is not finite ({step_rewards})", "non_finite_reward"
+            )
         run = session.to_rollout_run(reward=reward)
         run.metrics = {**run.metrics, "openenv_steps": float(len(step_rewards)), "openenv_done": float(done)}
         if record_path := self.setup.extras.get("record_path"):

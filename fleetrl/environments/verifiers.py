@@ -29,7 +29,7 @@ import math
 import os
 from typing import TYPE_CHECKING, Any
 
-from fleetrl.environments import EnvironmentEpisodeError, record_session
+from fleetrl.environments import EnvironmentEpisodeError, FailureCounts, record_session
 
 if TYPE_CHECKING:
     from fleetrl.rollout import RolloutRun, RolloutSetup
@@ -91,15 +91,16 @@ def episode_reward(episode: Any) -> tuple[float, dict[str, float]]:
         errors = [*episode.errors, *(e for t in episode.traces for e in t.errors)]
         stops = [t.stop_condition for t in episode.traces if t.stop_condition]
         reasons = "; ".join(f"{e.type}: {e.message}" for e in errors) or f"stopped by {stops or 'nothing recorded'}"
-        raise EnvironmentEpisodeError(f"verifiers episode failed: {reasons[:2000]}")
+        reason = errors[0].type if errors else "not_ok"
+        raise EnvironmentEpisodeError(f"verifiers episode failed: {reasons[:2000]}", reason)
     traces = [t for t in episode.traces if getattr(t.agent, "trainable", True)] or list(episode.traces)
     trace = traces[-1]
     missing = [name for name, r in trace.rewards.items() if r is None]
     if missing:
-        raise EnvironmentEpisodeError(f"verifiers episode: rewards {missing} were not scored")
+        raise EnvironmentEpisodeError(f"verifiers episode: rewards {missing} were not scored", "unscored")
     reward = float(trace.reward)
     if not math.isfinite(reward):
-        raise EnvironmentEpisodeError(f"verifiers episode: reward {reward} is not finite")
+        raise EnvironmentEpisodeError(f"verifiers episode: reward {reward} is not finite", "non_finite_reward")
     metrics = {f"vf_{k}": float(r.value) for k, r in trace.rewards.items() if r is not None}
     metrics |= {f"vf_{k}": float(v) for k, v in trace.metrics.items() if v is not None}
     return reward, metrics
@@ -140,6 +141,7 @@ class VerifiersRollout:
         self._current: _Serving | None = None
         self._lock = asyncio.Lock()
         self.servings_opened = 0
+        self.failures = FailureCounts(f"verifiers:{taskset_id}")
 
     async def _acquire(self) -> _Serving:
         async with self._lock:
@@ -193,7 +195,11 @@ class VerifiersRollout:
             episode = await serving.env.run_episode(task, ModelContext(model=session.model, client=client))
         finally:
             await self._release(serving)
-        reward, metrics = episode_reward(episode)
+        try:
+            reward, metrics = episode_reward(episode)
+        except EnvironmentEpisodeError as exc:
+            self.failures.record(exc)
+            raise
         run = session.to_rollout_run(reward=reward)
         run.metrics = {**run.metrics, **metrics}
         if record_path := self.setup.extras.get("record_path"):

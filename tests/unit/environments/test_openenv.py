@@ -90,6 +90,9 @@ async def test_failures_raise_naming_what_went_wrong(tokenizer, tiny_model_dir, 
     try:
         with pytest.raises(EnvironmentEpisodeError, match="not a JSON action"):
             await rollout({"reset": {"seed": 1}})
+        with pytest.raises(EnvironmentEpisodeError, match="not a JSON action"):
+            await rollout({"reset": {"seed": 2}})
+        assert rollout.failures.counts == {"bad_action": 2}  # counted by reason
         down = environment_rollout(f"openenv:http://127.0.0.1:{unused_tcp_port}", OPTIONS)(setup)
         with pytest.raises(EnvironmentEpisodeError, match="failed: ConnectionError"):
             await down({"reset": {}})

@@ -6,6 +6,7 @@ a bad environment name, row or taskset fails naming it."""
 from __future__ import annotations
 
 import json
+import logging
 import textwrap
 from types import SimpleNamespace
 
@@ -97,15 +98,20 @@ __all__ = ["BoomTaskset"]
 
 
 async def test_a_failing_episode_raises_naming_the_error_and_is_counted_as_a_dropped_sample(
-    tokenizer, tiny_model_dir, tmp_path, monkeypatch
+    tokenizer, tiny_model_dir, tmp_path, monkeypatch, caplog
 ):
     (tmp_path / "boom_env.py").write_text(textwrap.dedent(FAILING_ENV))
     monkeypatch.syspath_prepend(str(tmp_path))
-    setup = scripted_setup(tokenizer, tiny_model_dir, ["hello"])
+    setup = scripted_setup(tokenizer, tiny_model_dir, ["hello", "hello"])
     rollout = environment_rollout("verifiers:boom_env")(setup)
     try:
-        with pytest.raises(EnvironmentEpisodeError, match="the grader is down"):
-            await rollout({"task_idx": 0})
+        with caplog.at_level(logging.WARNING, logger="fleetrl.environments"):
+            for _ in range(2):
+                with pytest.raises(EnvironmentEpisodeError, match="the grader is down"):
+                    await rollout({"task_idx": 0})
+        assert rollout.failures.counts == {"TaskError": 2}  # verifiers' error type is the reason counted
+        said = [r.getMessage() for r in caplog.records if "an episode failed" in r.getMessage()]
+        assert len(said) == 1 and "the grader is down" in said[0]  # each reason logged once, with its message
     finally:
         await rollout.close()
         await setup.sessions.close()
