@@ -8,6 +8,7 @@
     fleetrl health HOST:PORT            gRPC health probe (containers' HEALTHCHECK)
     fleetrl plot RUN [RUN ...]          PNG of the per-step metrics, one subplot each; runs compared
     fleetrl demo                        the foundation's pure logic learning a toy task (no services)
+    fleetrl sft sft.toml [--set k=v]    supervised fine-tuning on prompt/completion or chat rows (one process)
     fleetrl --version
 
 Heavy modules are imported only once a subcommand is chosen, so `fleetrl --help` is fast. A bad config, a bad
@@ -36,6 +37,7 @@ COMMANDS = {
     "plot": "per-step metrics against step; compares runs",
     "health": "gRPC health probe of one service (HEALTHCHECK)",
     "demo": "the pure logic learning a toy task (no services)",
+    "sft": "supervised fine-tuning on prompt/completion or chat rows",
 }
 
 # One help line per service this package installs; `fleetrl serve` starts whichever has an entry point.
@@ -114,6 +116,10 @@ def _run(command: str, rest: list[str]) -> int:
         from fleetrl.commands.health import main as health_main
 
         return health_main(rest)
+    if command == "sft":
+        from fleetrl.commands.sft import main as sft_main
+
+        return sft_main(rest)
     from fleetrl.commands.demo import main as demo_main
 
     return int(demo_main(rest) or 0)
