@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import re
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>")
 """End-of-turn markers of common chat formats; whichever the tokenizer has ends a chat completion."""
@@ -111,6 +114,38 @@ def render_chat_prompt(
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers may return a BatchEncoding
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+class ToolsIgnoredCheck:
+    """Warns once, naming the model, when its chat template ignores `tools` (the prompt rendered with a request's
+    tools is the one rendered without them): the model would never see the tools the agent offers. Checked on the
+    first request that offers tools (one more rendering, once)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.checked = False
+
+    def check(
+        self,
+        tokenizer: Any,
+        messages: Sequence[Any],
+        tools: Sequence[Any] | None,
+        prompt_ids: Sequence[int],
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> bool:
+        """Whether this request showed the template ignoring its tools (True only the one time it warns)."""
+        if self.checked or not tools:
+            return False
+        self.checked = True
+        without = render_chat_prompt(tokenizer, messages, chat_template_kwargs=chat_template_kwargs)
+        if list(without) != list(prompt_ids):
+            return False
+        log.warning(
+            "the chat template of %s ignores `tools`: a request's tool list is not in the prompt, so the model "
+            "never sees it (use a template that renders tools, e.g. pass chat_template with a tools section)",
+            self.model,
+        )
+        return True
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
@@ -243,22 +278,24 @@ def _event(payload: dict[str, Any]) -> str:
 def stream_events(body: dict[str, Any], *, include_usage: bool = False) -> list[str]:
     """A whole chat completion as the server-sent events of `stream=True`: per choice a role chunk, its content,
     its tool calls (each complete in one delta) and its finish reason; the usage chunk when asked for; [DONE].
-    fleetrl's extra choice fields (token ids, logprobs, versions) ride on each choice's last chunk."""
+    The choice's `logprobs` (every generated token's) ride on its first chunk that carries the reply: the content,
+    or for a reply that is only tool calls the first tool call, so a client that gathers them from the stream
+    gets what the unstreamed reply carries. fleetrl's extra choice fields (token ids, logprobs, versions) ride on
+    each choice's last chunk."""
     base = {k: body[k] for k in ("id", "created", "model")}
     base["object"] = "chat.completion.chunk"
     events = []
     for choice in body["choices"]:
         index, message = choice["index"], choice["message"]
         events.append(_event({**base, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""}}]}))
-        if message.get("content"):
-            delta = {"index": index, "delta": {"content": message["content"]}}
-            if choice.get("logprobs") is not None:
-                delta["logprobs"] = choice["logprobs"]
-            events.append(_event({**base, "choices": [delta]}))
-        for k, call in enumerate(message.get("tool_calls") or []):
-            events.append(
-                _event({**base, "choices": [{"index": index, "delta": {"tool_calls": [{"index": k, **call}]}}]})
-            )
+        logprobs = choice.get("logprobs")
+        deltas = [{"content": message["content"]}] if message.get("content") else []
+        deltas += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(message.get("tool_calls") or [])]
+        for k, delta in enumerate(deltas):
+            chunk: dict[str, Any] = {"index": index, "delta": delta}
+            if k == 0 and logprobs is not None:
+                chunk["logprobs"] = logprobs
+            events.append(_event({**base, "choices": [chunk]}))
         extras = {k: v for k, v in choice.items() if k not in ("index", "message", "logprobs", "finish_reason")}
         last = {"index": index, "delta": {}, "finish_reason": choice["finish_reason"], **extras}
         events.append(_event({**base, "choices": [last]}))

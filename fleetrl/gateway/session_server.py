@@ -66,6 +66,7 @@ from fleetrl.gateway.session_limits import SessionLimits, SessionRegistry
 from fleetrl.message_trajectory import TITOTokenizer
 from fleetrl.openai_chat import (
     ChatRequestError,
+    ToolsIgnoredCheck,
     assistant_message,
     chat_completion_body,
     chat_stop_ids,
@@ -192,6 +193,7 @@ class SessionServer:
         self._stop_ids: tuple[int, ...] | None = None  # the tokenizer's end-of-turn ids, read at the first call
         self._warned_override = False
         self._titos: dict[str, TITOTokenizer] = {}
+        self._tools_check = ToolsIgnoredCheck(tokenizer_id or str(getattr(tokenizer, "name_or_path", "") or model))
 
     @property
     def base_url(self) -> str:
@@ -423,6 +425,8 @@ class SessionServer:
             prompt = await self.render(
                 render_chat_prompt, self.tokenizer, body.get("messages"), tools=tools, chat_template_kwargs=kwargs
             )
+            if tools and not self._tools_check.checked:
+                await self.render(self._tools_check.check, self.tokenizer, body["messages"], tools, prompt, kwargs)
         args = self.sampling_args(body, len(prompt))
         if session is not None:
             args["user"] = session.session_id

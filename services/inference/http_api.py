@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fleetrl.gateway.sampler import cut_at_stop
 from fleetrl.openai_chat import (
+    ToolsIgnoredCheck,
     assistant_message,
     chat_completion_body,
     render_chat_prompt,
@@ -178,6 +179,7 @@ class OpenAIApi:
         self.metrics = metrics
         self.config = config
         self.chat_stops = chat_stop_ids(tokenizer)
+        self.tools_check = ToolsIgnoredCheck(config.model)
         self.created = int(time.time())
         self.max_len = engine.max_model_len or config.max_model_len
 
@@ -258,6 +260,7 @@ class OpenAIApi:
         prompt = render_chat_prompt(
             self.tokenizer, body.messages, tools=body.tools, chat_template_kwargs=body.chat_template_kwargs
         )
+        self.tools_check.check(self.tokenizer, body.messages, body.tools, prompt, body.chat_template_kwargs)
         max_tokens = body.max_completion_tokens or body.max_tokens
         if max_tokens is None:  # OpenAI default: up to the context length
             max_tokens = (self.max_len - len(prompt)) if self.max_len else self.config.default_max_tokens

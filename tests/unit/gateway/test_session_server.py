@@ -440,3 +440,42 @@ async def test_an_openai_client_reads_each_logprob_entrys_text_and_bytes(tokeniz
         assert b"".join(bytes(e.bytes) for e in entries) == "a\nb é<|im_end|>".encode()
     finally:
         await server.close()
+
+
+async def test_a_streamed_reply_that_is_only_a_tool_call_carries_the_logprobs_of_the_unstreamed_one(tokenizer):
+    """Before: the logprobs rode on the content chunk only, so a reply that was only a tool call streamed none."""
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    server = SessionServer(ScriptedSampler(tokenizer, [call, call]), tokenizer, sample_kwargs={"max_tokens": 64})
+    session = await server.open()
+    ask = {"model": "policy", "messages": [{"role": "user", "content": "1 + 2?"}], "tools": TOOLS, "logprobs": True}
+    try:
+        async with openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0) as client:
+            whole = await client.chat.completions.create(**ask)
+            stream = await client.chat.completions.create(**ask, stream=True)
+            streamed = [e async for chunk in stream for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    finally:
+        await server.close()
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
+    entries = whole.choices[0].logprobs.content
+    assert [e.logprob for e in entries] == session.turns[0].logprobs
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in entries]
+
+
+async def test_a_chat_template_that_ignores_tools_is_warned_about_once_naming_the_model(tiny_model_dir, caplog):
+    plain = AutoTokenizer.from_pretrained(tiny_model_dir)
+    plain.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    server = SessionServer(ScriptedSampler(plain, ["a", "b", "c"]), plain, tokenizer_id="my-org/no-tools-model")
+    session = await server.open()
+    ask = {"model": "policy", "messages": [{"role": "user", "content": "1 + 2?"}]}
+    try:
+        async with openai.AsyncOpenAI(base_url=session.base_url, api_key=session.api_key, max_retries=0) as client:
+            with caplog.at_level("WARNING", logger="fleetrl.openai_chat"):
+                for _ in range(3):
+                    await client.chat.completions.create(**ask, tools=TOOLS)
+    finally:
+        await server.close()
+    warnings = [r.getMessage() for r in caplog.records if "ignores `tools`" in r.getMessage()]
+    assert len(warnings) == 1 and "my-org/no-tools-model" in warnings[0]

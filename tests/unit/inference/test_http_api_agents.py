@@ -60,3 +60,34 @@ def test_stream_true_is_served_as_events_with_the_same_message():
     assert content == "Let me add." and finish == "tool_calls"
     assert [c.function.name for c in calls] == ["add"] and json.loads(calls[0].function.arguments) == {"a": 1, "b": 2}
     assert usage.completion_tokens == len(CALL)
+
+
+TOOL_ONLY = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+
+def test_a_streamed_reply_that_is_only_a_tool_call_carries_the_logprobs_of_the_unstreamed_one():
+    """Before: the logprobs rode on the content chunk only, so a reply that was only a tool call streamed none."""
+    client = client_of(ScriptedEngine(TOOL_ONLY))
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "1+2?"}], "tools": TOOLS, "max_tokens": 200}
+    whole = client.chat.completions.create(**ask, logprobs=True)
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.choices[0].message.content is None
+    streamed = [
+        entry
+        for chunk in client.chat.completions.create(**ask, logprobs=True, stream=True)
+        for choice in chunk.choices
+        if choice.logprobs is not None
+        for entry in choice.logprobs.content
+    ]
+    assert len(whole.choices[0].logprobs.content) == len(TOOL_ONLY)
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in whole.choices[0].logprobs.content]
+
+
+def test_a_chat_template_that_ignores_tools_is_warned_about_once_naming_the_model(caplog):
+    client = client_of(ScriptedEngine(TOOL_ONLY))  # CharTokenizer's template renders no tools
+    ask = {"model": "tiny", "messages": [{"role": "user", "content": "1+2?"}], "max_tokens": 200}
+    with caplog.at_level("WARNING", logger="fleetrl.openai_chat"):
+        client.chat.completions.create(**ask)  # no tools: nothing to check
+        for _ in range(3):
+            client.chat.completions.create(**ask, tools=TOOLS)
+    warnings = [r.getMessage() for r in caplog.records if "ignores `tools`" in r.getMessage()]
+    assert len(warnings) == 1 and "/models/tiny" in warnings[0]
