@@ -80,15 +80,16 @@ def unpack_bucket(bucket: Bucket, metas: Sequence[TensorMeta], packed: torch.Ten
 
 def bucket_digest(packed: torch.Tensor) -> torch.Tensor:
     """A one-element int64 tensor on `packed`'s device: the sum over the bucket's 32-bit words w_i of
-    (w_i * (i + 1)) modulo the prime 2**31 - 1 (words zero-padded to a multiple of 4 bytes). Every factor is reduced
-    below 2**31 first, so each product fits in int64 and a slice of 2**20 reduced products sums without overflow."""
+    (w_i * (i + 1)) modulo the prime 2**31 - 1 (words zero-padded to a multiple of 4 bytes). Computed 2**20 words
+    at a time, so the int64 temporaries stay at 8 MiB whatever the bucket's size; every factor is reduced below
+    2**31 first, so each product fits in int64 and a slice's reduced products sum without overflow."""
     pad = (-packed.numel()) % 4
     data = packed if pad == 0 else torch.cat([packed, packed.new_zeros(pad)])
-    words = (data.view(torch.int32).to(torch.int64) & 0xFFFFFFFF) % _MODULUS
+    words = data.view(torch.int32)
     total = torch.zeros((), dtype=torch.int64, device=packed.device)
     step = 1 << 20
     for start in range(0, words.numel(), step):
-        piece = words[start : start + step]
+        piece = (words[start : start + step].to(torch.int64) & 0xFFFFFFFF) % _MODULUS
         weights = torch.arange(start + 1, start + 1 + piece.numel(), dtype=torch.int64, device=packed.device)
         total = (total + ((piece * (weights % _MODULUS)) % _MODULUS).sum()) % _MODULUS
     return total.reshape(1)
