@@ -33,10 +33,10 @@ class UserCodeError(RuntimeError):
 def model_vocab_size(run_cfg: Config, tokenizer: Any) -> int | None:
     """The policy's embedding rows (config.json's vocab_size; the tokenizer's length if there is no config): the
     bound every sample's token ids must stay under."""
-    from transformers import AutoConfig
+    from fleetrl.tokenizer_load import config_vocab_size
 
     try:
-        return int(AutoConfig.from_pretrained(run_cfg.base_model).vocab_size)
+        return config_vocab_size(run_cfg.base_model)
     except (OSError, ValueError, AttributeError, TypeError) as exc:
         log.warning("no model config at %s (%s); token ids are checked against the tokenizer", run_cfg.base_model, exc)
         return len(tokenizer) if tokenizer is not None else None
@@ -56,12 +56,11 @@ def build_gateway(
 
     run_cfg = config.run
     if tokenizer is None:
-        from transformers import AutoTokenizer
-
         from fleetrl.model_path import check_model_path
+        from fleetrl.tokenizer_load import load_tokenizer
 
         check_model_path(run_cfg.tokenizer_model or run_cfg.base_model)
-        tokenizer = AutoTokenizer.from_pretrained(run_cfg.tokenizer_model or run_cfg.base_model)
+        tokenizer = load_tokenizer(run_cfg.tokenizer_model or run_cfg.base_model)
     try:
         factory = factory or load_object(config.rollout)
         if evaluation_fn is None and config.evaluation:
