@@ -241,3 +241,14 @@ def test_a_dataset_with_no_trainable_row_fails_naming_it(tmp_path, tiny_model_di
     dataset.write_text(json.dumps({"prompt": "x", "completion": ""}) + "\n")
     assert fleetrl_main(["sft", str(write_config(tmp_path, tiny_model_dir, dataset))]) == 2
     assert "sft.dataset: no trainable row" in capsys.readouterr().err
+
+
+def test_fleetrl_sft_trains_a_lora_adapter(tmp_path, tiny_model_dir, capsys):
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text(
+        "".join(json.dumps({"prompt": f"{a} + 1 =", "completion": f" {a + 1}"}) + "\n" for a in range(6))
+    )
+    config = write_config(tmp_path, tiny_model_dir, dataset, batch_size=3)
+    assert fleetrl_main(["sft", str(config), "--set", "lora_rank=4", "--set", "max_steps=2"]) == 0
+    assert "2 steps on 6 rows (dropped: none)" in capsys.readouterr().out
+    assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()  # a LoRA run exports its adapter
