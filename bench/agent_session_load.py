@@ -117,7 +117,8 @@ async def run(args: argparse.Namespace) -> None:
     def record(phase: str, outcome: str) -> None:
         rss, fds = server.figures()
         rows.append((phase, outcome, rss, fds))
-        print(f"{phase:44s} {outcome:40s} rss {rss:7.1f} MiB  fds {fds:5d}", flush=True)
+        stats = server.ask("stats")
+        print(f"{phase:44s} {outcome:40s} rss {rss:7.1f} MiB  fds {fds:5d}  {json.dumps(stats)}", flush=True)
 
     ask = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
     try:
@@ -132,13 +133,17 @@ async def run(args: argparse.Namespace) -> None:
         base = rows[-1]
 
         shared = openai.AsyncOpenAI(base_url=server.url(sid), api_key=server.key, max_retries=0)
-        ok = 0
+        ok, errors = 0, {}
         for start in range(0, args.sessions, 100):
             ids = server.ask(f"open {min(100, args.sessions - start)}")  # opened, called once, then abandoned
             calls = (shared.with_options(base_url=server.url(s)).chat.completions.create(**ask) for s in ids)
-            ok += sum(r.choices[0].message.content == "a short reply" for r in await asyncio.gather(*calls))
+            for r in await asyncio.gather(*calls, return_exceptions=True):
+                if isinstance(r, Exception):
+                    errors[type(r).__name__] = errors.get(type(r).__name__, 0) + 1
+                else:
+                    ok += r.choices[0].message.content == "a short reply"
         await shared.close()
-        record(f"{args.sessions} sessions opened, 1 call each", f"{ok} replies")
+        record(f"{args.sessions} sessions opened, 1 call each", f"{ok} replies, errors {errors}")
         stats = await settle(server, args.idle_s * 3 + args.stall_s * 3)
         record(
             "  abandoned, after the idle limit", f"{stats.get('sessions_expired', 0)} expired, {stats['tracked']} kept"
@@ -147,7 +152,7 @@ async def run(args: argparse.Namespace) -> None:
         ids = server.ask(f"open {args.streams}")
 
         async def streamer(session_id: str) -> str:
-            async with openai.AsyncOpenAI(base_url=server.url(session_id), api_key=server.key, max_retries=0) as c:
+            async with openai.AsyncOpenAI(base_url=server.url(session_id), api_key=server.key) as c:
                 stream = await c.chat.completions.create(**ask, stream=True, logprobs=True)
                 return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
 
