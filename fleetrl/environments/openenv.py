@@ -6,8 +6,8 @@ This adapter plays one episode per rollout with openenv-core's own client (`Gene
 an agent session (`setup.open_session()`): the observation becomes the user's message, the model's reply becomes the
 action, and so on until the environment says `done` (or `max_turns` replies). Every model call goes through the
 session, so the trained tokens and logprobs are the ones the replica generated; the episode's reward is the sum of
-its step rewards (`openenv_turn_rewards` as the per-step list in the record, `openenv_steps` and `openenv_done` as
-sample metrics).
+its step rewards, and each step's reward is its turn's (`RolloutRun.turn_rewards`, for turn-level estimators);
+`openenv_steps` and `openenv_done` are sample metrics.
 
 Options (`rollout_extras.environment_options`):
 - `action_field` (default "message"): the action's text field, filled with the model's reply; with
@@ -152,6 +152,8 @@ class OpenEnvRollout:
                 f"openenv episode: reward {reward} is not finite ({step_rewards})", "non_finite_reward"
             )
         run = session.to_rollout_run(reward=reward)
+        if len(run.segments) == len(step_rewards):  # one segment per model call, one step per call
+            run.turn_rewards = list(step_rewards)  # each turn credited by its own step reward (turn-level estimators)
         run.metrics = {**run.metrics, "openenv_steps": float(len(step_rewards)), "openenv_done": float(done)}
         if record_path := self.setup.extras.get("record_path"):
             record_session(record_path, session, run)

@@ -62,6 +62,8 @@ async def test_an_episode_trains_exactly_what_the_session_generated_with_the_sum
     assert run.reward == 1.0  # 0.0 for "zzzzz" (no letter in place), then 1.0 for the word
     assert run.metrics["openenv_steps"] == (1.0 if first_reply_right else 2.0)
     assert run.metrics["openenv_done"] == 1.0
+    assert run.turn_rewards == ([1.0] if first_reply_right else [0.0, 1.0])  # each step's reward is its turn's
+    assert [r for s in run.to_samples() for r in s.turn_rewards] == run.turn_rewards
     prompts = [tokenizer.decode(p) for p in setup.sessions.sampler.prompts]
     assert f"Repeat this word exactly: {word}" in prompts[0]
     if not first_reply_right:
