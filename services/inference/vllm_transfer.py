@@ -16,12 +16,17 @@ CPU replica (and one on a machine without NCCL to the trainer) goes through the 
   knows only vLLM's API sends. Given ``collective`` (the group a replica joined: ``weight_transport =
   "collective"``, fleetrl.weights.collective), every worker receives the version by broadcast in
   ``update_weights`` itself, checked the same way (fleetrl's engine stages it first instead, so that the broadcast
-  runs while generation continues).
+  runs while generation continues);
+- an engine group (issue 39 item 3, fleetrl.weights.engine_sync): ``init_weight_transfer_engine({"engine": name,
+  "engine_init": ...})`` creates that engine through vLLM's factory beside the stream ("nccl", "nccl_m2n", "ipc"
+  on GPUs; "fleetrl_gloo", fleetrl.weights.vllm_gloo, on CPU) and initialises it (the group is joined once and
+  kept); ``update_weights({"version", "engine_update": ...})`` receives the version through it, bucket by bucket.
+  `LocalEngineClient` drives a `VLLMEngine` in this process through those calls (vLLM's ``VLLMWeightSyncClient``).
 
 `update_weights` is overridden because the base class calls `torch.accelerator.synchronize()`, which raises on a
 machine without an accelerator; here it synchronizes only when there is one. Registration happens when this module
-is imported: by the worker extension module in every worker process (imported before the worker loads the model
-and creates its transfer engine) and by `VLLMEngine` in the front end.
+is imported (with "fleetrl_gloo"): by the worker extension module in every worker process (imported before the
+worker loads the model and creates its transfer engine) and by `VLLMEngine` in the front end.
 """
 
 from __future__ import annotations
