@@ -322,6 +322,11 @@ class Config(BaseModel):
         10, ge=0, description="Log a few decoded samples every N steps (samples.jsonl and trackers); 0 = off."
     )
     log_samples_count: int = Field(4, ge=1, description="Samples logged per logging step.")
+    log_samples_token_ids: bool = Field(
+        False,
+        description="Each logged sample also carries its prompt and completion token ids as trained (samples.jsonl "
+        "only), to audit what was trained without a side log.",
+    )
 
     @field_validator("policy_loss", mode="before")
     @classmethod

@@ -1,5 +1,8 @@
 """Sample trajectories for the run's record: every `log_samples_interval` steps, a few decoded samples of the step
-(prompt, completion, reward, version offset, row) go to `<log_path>/samples.jsonl` and to the trackers.
+(prompt, completion, reward, version offset, row) go to `<log_path>/samples.jsonl` and to the trackers. With
+`log_samples_token_ids` each also carries the token ids that were trained (`prompt_token_ids`,
+`completion_token_ids`: the sample's tokens split where the first trained token starts), so what was trained can be
+audited against what the replicas generated without a side log; those go to samples.jsonl, not the trackers' tables.
 
 The trainer holds the tokens and the tokenizer, so it picks and decodes them (`logged_samples`) and returns them
 with the step's result; the controller writes them. Pure logic: no sockets, no tokenizer of its own.
@@ -24,6 +27,9 @@ SAMPLE_COLUMNS: tuple[str, ...] = (
 )
 """The fields of one logged sample, in the order tables show them."""
 
+TOKEN_ID_COLUMNS: tuple[str, ...] = ("prompt_token_ids", "completion_token_ids")
+"""The token ids a logged sample carries with `log_samples_token_ids` (samples.jsonl only)."""
+
 
 @dataclass(frozen=True)
 class LoggedSample:
@@ -36,10 +42,16 @@ class LoggedSample:
     reward: float
     version_offset: int
     finish_reason: str = ""
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
 
     def as_row(self) -> dict[str, Any]:
-        """A JSON-ready dict with the keys of SAMPLE_COLUMNS."""
-        return asdict(self)
+        """A JSON-ready dict with the keys of SAMPLE_COLUMNS, and of TOKEN_ID_COLUMNS when it carries them."""
+        row = asdict(self)
+        for key in TOKEN_ID_COLUMNS:
+            if row[key] is None:
+                del row[key]
+        return row
 
 
 def samples_due(step: int, interval: int) -> bool:
@@ -76,9 +88,12 @@ def logged_samples(
     version_offsets: Sequence[int],
     count: int,
     decode: Callable[[list[int]], str] | None,
+    *,
+    token_ids: bool = False,
 ) -> list[LoggedSample]:
     """Up to `count` samples of a step's batch, decoded with `decode` (a tokenizer's decode). Without a tokenizer
-    the prompt is left empty and the completion is the sample's own `text`."""
+    the prompt is left empty and the completion is the sample's own `text`. `token_ids`: each also carries its
+    prompt and completion token ids (`log_samples_token_ids`)."""
     out = []
     for i in choose_samples(row_ids, count):
         sample = samples[i]
@@ -96,6 +111,8 @@ def logged_samples(
                 reward=float(sample.reward),
                 version_offset=int(version_offsets[i]),
                 finish_reason=sample.finish_reason,
+                prompt_token_ids=[int(t) for t in prompt_tokens] if token_ids else None,
+                completion_token_ids=[int(t) for t in completion_tokens] if token_ids else None,
             )
         )
     return out

@@ -582,6 +582,7 @@ class PolicyTrainer:
                     batch.sample_offsets,
                     self.cfg.log_samples_count,
                     self._decode if self.tokenizer is not None else None,
+                    token_ids=self.cfg.log_samples_token_ids,
                 )
         interval = self.cfg.weight_sync_interval
         if interval and self.version % interval == 0:

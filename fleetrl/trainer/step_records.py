@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from fleetrl.sample_log import SAMPLE_COLUMNS, LoggedSample
+from fleetrl.sample_log import SAMPLE_COLUMNS, TOKEN_ID_COLUMNS, LoggedSample
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def result_fields(record: Any) -> dict[str, Any] | None:
     checkpoint, or None (with a warning) for one that is not a record: a damaged record costs its step's line,
     never the resume."""
     try:
-        samples = [LoggedSample(**{k: s[k] for k in SAMPLE_COLUMNS if k in s}) for s in record.get("samples", [])]
+        columns = (*SAMPLE_COLUMNS, *TOKEN_ID_COLUMNS)
+        samples = [LoggedSample(**{k: s[k] for k in columns if k in s}) for s in record.get("samples", [])]
         return {
             "step": int(record["step"]),
             "version": int(record["version"]),

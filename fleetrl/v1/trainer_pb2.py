@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66leetrl/v1/trainer.proto\x12\nfleetrl.v1\">\n\x08GroupRef\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x11\n\tlease_tag\x18\x03 \x01(\x03\"\xb0\x01\n\x10TrainStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07row_ids\x18\x02 \x03(\x03\x12\x15\n\rdata_position\x18\x03 \x01(\t\x12\x16\n\x0ewait_timeout_s\x18\x04 \x01(\x01\x12$\n\x06groups\x18\x05 \x03(\x0b\x32\x14.fleetrl.v1.GroupRef\x12(\n\nsuperseded\x18\x06 \x03(\x0b\x32\x14.fleetrl.v1.GroupRef\"\xd7\x02\n\x11TrainStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\tpublished\x18\x03 \x01(\x08\x12\x17\n\x0fweights_address\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.fleetrl.v1.TrainStepResponse.MetricsEntry\x12\x17\n\x0fskipped_row_ids\x18\x06 \x03(\x03\x12\x17\n\x0f\x61lready_trained\x18\x07 \x01(\x08\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12(\n\x07samples\x18\t \x03(\x0b\x32\x17.fleetrl.v1.TrainSample\x12\x15\n\rweights_bytes\x18\n \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x80\x01\n\x0bTrainSample\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x16\n\x0eversion_offset\x18\x05 \x01(\x03\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\"\x10\n\x0ePublishRequest\"w\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fweights_address\x18\x02 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\x11\n\tpublish_s\x18\x04 \x01(\x01\x12\x15\n\rweights_bytes\x18\x05 \x01(\x03\".\n\x15SaveCheckpointRequest\x12\x15\n\rdata_position\x18\x01 \x01(\t\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"&\n\rFinishRequest\x12\x15\n\rdata_position\x18\x01 \x01(\t\"O\n\x0e\x46inishResponse\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_path\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x16\n\x14TrainerStatusRequest\"\xf1\x02\n\x15TrainerStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsteps_done\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x19\n\x11published_version\x18\x04 \x01(\x03\x12\x17\n\x0fweights_address\x18\x05 \x01(\t\x12\x16\n\x0egroups_address\x18\x06 \x01(\t\x12\x17\n\x0f\x62uffered_groups\x18\x07 \x01(\x03\x12\x14\n\x0ctrained_rows\x18\x08 \x01(\x03\x12\x17\n\x0fsamples_dropped\x18\t \x01(\x03\x12H\n\x0clast_metrics\x18\n \x03(\x0b\x32\x32.fleetrl.v1.TrainerStatusResponse.LastMetricsEntry\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x80\x03\n\x07Trainer\x12H\n\tTrainStep\x12\x1c.fleetrl.v1.TrainStepRequest\x1a\x1d.fleetrl.v1.TrainStepResponse\x12\x42\n\x07Publish\x12\x1a.fleetrl.v1.PublishRequest\x1a\x1b.fleetrl.v1.PublishResponse\x12W\n\x0eSaveCheckpoint\x12!.fleetrl.v1.SaveCheckpointRequest\x1a\".fleetrl.v1.SaveCheckpointResponse\x12?\n\x06\x46inish\x12\x19.fleetrl.v1.FinishRequest\x1a\x1a.fleetrl.v1.FinishResponse\x12M\n\x06Status\x12 .fleetrl.v1.TrainerStatusRequest\x1a!.fleetrl.v1.TrainerStatusResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18\x66leetrl/v1/trainer.proto\x12\nfleetrl.v1\">\n\x08GroupRef\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\x03\x12\x11\n\tlease_tag\x18\x03 \x01(\x03\"\xb0\x01\n\x10TrainStepRequest\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07row_ids\x18\x02 \x03(\x03\x12\x15\n\rdata_position\x18\x03 \x01(\t\x12\x16\n\x0ewait_timeout_s\x18\x04 \x01(\x01\x12$\n\x06groups\x18\x05 \x03(\x0b\x32\x14.fleetrl.v1.GroupRef\x12(\n\nsuperseded\x18\x06 \x03(\x0b\x32\x14.fleetrl.v1.GroupRef\"\xd7\x02\n\x11TrainStepResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x11\n\tpublished\x18\x03 \x01(\x08\x12\x17\n\x0fweights_address\x18\x04 \x01(\t\x12;\n\x07metrics\x18\x05 \x03(\x0b\x32*.fleetrl.v1.TrainStepResponse.MetricsEntry\x12\x17\n\x0fskipped_row_ids\x18\x06 \x03(\x03\x12\x17\n\x0f\x61lready_trained\x18\x07 \x01(\x08\x12\x17\n\x0f\x63heckpoint_path\x18\x08 \x01(\t\x12(\n\x07samples\x18\t \x03(\x0b\x32\x17.fleetrl.v1.TrainSample\x12\x15\n\rweights_bytes\x18\n \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\xb8\x01\n\x0bTrainSample\x12\x0e\n\x06row_id\x18\x01 \x01(\x03\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12\x12\n\ncompletion\x18\x03 \x01(\t\x12\x0e\n\x06reward\x18\x04 \x01(\x01\x12\x16\n\x0eversion_offset\x18\x05 \x01(\x03\x12\x15\n\rfinish_reason\x18\x06 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x07 \x03(\x03\x12\x1c\n\x14\x63ompletion_token_ids\x18\x08 \x03(\x03\"\x10\n\x0ePublishRequest\"w\n\x0fPublishResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x17\n\x0fweights_address\x18\x02 \x01(\t\x12\x10\n\x08\x63hecksum\x18\x03 \x01(\t\x12\x11\n\tpublish_s\x18\x04 \x01(\x01\x12\x15\n\rweights_bytes\x18\x05 \x01(\x03\".\n\x15SaveCheckpointRequest\x12\x15\n\rdata_position\x18\x01 \x01(\t\"7\n\x16SaveCheckpointResponse\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\"&\n\rFinishRequest\x12\x15\n\rdata_position\x18\x01 \x01(\t\"O\n\x0e\x46inishResponse\x12\x17\n\x0f\x63heckpoint_path\x18\x01 \x01(\t\x12\x13\n\x0b\x65xport_path\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\"\x16\n\x14TrainerStatusRequest\"\xf1\x02\n\x15TrainerStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nsteps_done\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x19\n\x11published_version\x18\x04 \x01(\x03\x12\x17\n\x0fweights_address\x18\x05 \x01(\t\x12\x16\n\x0egroups_address\x18\x06 \x01(\t\x12\x17\n\x0f\x62uffered_groups\x18\x07 \x01(\x03\x12\x14\n\x0ctrained_rows\x18\x08 \x01(\x03\x12\x17\n\x0fsamples_dropped\x18\t \x01(\x03\x12H\n\x0clast_metrics\x18\n \x03(\x0b\x32\x32.fleetrl.v1.TrainerStatusResponse.LastMetricsEntry\x12\x12\n\nworld_size\x18\x0b \x01(\x05\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x32\x80\x03\n\x07Trainer\x12H\n\tTrainStep\x12\x1c.fleetrl.v1.TrainStepRequest\x1a\x1d.fleetrl.v1.TrainStepResponse\x12\x42\n\x07Publish\x12\x1a.fleetrl.v1.PublishRequest\x1a\x1b.fleetrl.v1.PublishResponse\x12W\n\x0eSaveCheckpoint\x12!.fleetrl.v1.SaveCheckpointRequest\x1a\".fleetrl.v1.SaveCheckpointResponse\x12?\n\x06\x46inish\x12\x19.fleetrl.v1.FinishRequest\x1a\x1a.fleetrl.v1.FinishResponse\x12M\n\x06Status\x12 .fleetrl.v1.TrainerStatusRequest\x1a!.fleetrl.v1.TrainerStatusResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,25 +44,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_start=581
   _globals['_TRAINSTEPRESPONSE_METRICSENTRY']._serialized_end=627
   _globals['_TRAINSAMPLE']._serialized_start=630
-  _globals['_TRAINSAMPLE']._serialized_end=758
-  _globals['_PUBLISHREQUEST']._serialized_start=760
-  _globals['_PUBLISHREQUEST']._serialized_end=776
-  _globals['_PUBLISHRESPONSE']._serialized_start=778
-  _globals['_PUBLISHRESPONSE']._serialized_end=897
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=899
-  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=945
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=947
-  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1002
-  _globals['_FINISHREQUEST']._serialized_start=1004
-  _globals['_FINISHREQUEST']._serialized_end=1042
-  _globals['_FINISHRESPONSE']._serialized_start=1044
-  _globals['_FINISHRESPONSE']._serialized_end=1123
-  _globals['_TRAINERSTATUSREQUEST']._serialized_start=1125
-  _globals['_TRAINERSTATUSREQUEST']._serialized_end=1147
-  _globals['_TRAINERSTATUSRESPONSE']._serialized_start=1150
-  _globals['_TRAINERSTATUSRESPONSE']._serialized_end=1519
-  _globals['_TRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=1469
-  _globals['_TRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=1519
-  _globals['_TRAINER']._serialized_start=1522
-  _globals['_TRAINER']._serialized_end=1906
+  _globals['_TRAINSAMPLE']._serialized_end=814
+  _globals['_PUBLISHREQUEST']._serialized_start=816
+  _globals['_PUBLISHREQUEST']._serialized_end=832
+  _globals['_PUBLISHRESPONSE']._serialized_start=834
+  _globals['_PUBLISHRESPONSE']._serialized_end=953
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_start=955
+  _globals['_SAVECHECKPOINTREQUEST']._serialized_end=1001
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_start=1003
+  _globals['_SAVECHECKPOINTRESPONSE']._serialized_end=1058
+  _globals['_FINISHREQUEST']._serialized_start=1060
+  _globals['_FINISHREQUEST']._serialized_end=1098
+  _globals['_FINISHRESPONSE']._serialized_start=1100
+  _globals['_FINISHRESPONSE']._serialized_end=1179
+  _globals['_TRAINERSTATUSREQUEST']._serialized_start=1181
+  _globals['_TRAINERSTATUSREQUEST']._serialized_end=1203
+  _globals['_TRAINERSTATUSRESPONSE']._serialized_start=1206
+  _globals['_TRAINERSTATUSRESPONSE']._serialized_end=1575
+  _globals['_TRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_start=1525
+  _globals['_TRAINERSTATUSRESPONSE_LASTMETRICSENTRY']._serialized_end=1575
+  _globals['_TRAINER']._serialized_start=1578
+  _globals['_TRAINER']._serialized_end=1962
 # @@protoc_insertion_point(module_scope)

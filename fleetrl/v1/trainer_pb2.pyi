@@ -64,20 +64,24 @@ class TrainStepResponse(_message.Message):
     def __init__(self, step: _Optional[int] = ..., version: _Optional[int] = ..., published: _Optional[bool] = ..., weights_address: _Optional[str] = ..., metrics: _Optional[_Mapping[str, float]] = ..., skipped_row_ids: _Optional[_Iterable[int]] = ..., already_trained: _Optional[bool] = ..., checkpoint_path: _Optional[str] = ..., samples: _Optional[_Iterable[_Union[TrainSample, _Mapping]]] = ..., weights_bytes: _Optional[int] = ...) -> None: ...
 
 class TrainSample(_message.Message):
-    __slots__ = ("row_id", "prompt", "completion", "reward", "version_offset", "finish_reason")
+    __slots__ = ("row_id", "prompt", "completion", "reward", "version_offset", "finish_reason", "prompt_token_ids", "completion_token_ids")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     VERSION_OFFSET_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     row_id: int
     prompt: str
     completion: str
     reward: float
     version_offset: int
     finish_reason: str
-    def __init__(self, row_id: _Optional[int] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., reward: _Optional[float] = ..., version_offset: _Optional[int] = ..., finish_reason: _Optional[str] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    completion_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, row_id: _Optional[int] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., reward: _Optional[float] = ..., version_offset: _Optional[int] = ..., finish_reason: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., completion_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ()

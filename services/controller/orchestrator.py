@@ -966,11 +966,24 @@ class Orchestrator:
     # --- metrics -------------------------------------------------------------------------------
     @staticmethod
     def _sample_rows(step: int, reply: Any) -> list[dict[str, Any]]:
-        """The logged samples of a TrainStep reply, as samples.jsonl rows."""
-        return [
-            LoggedSample(step, s.row_id, s.prompt, s.completion, s.reward, s.version_offset, s.finish_reason).as_row()
-            for s in reply.samples
-        ]
+        """The logged samples of a TrainStep reply, as samples.jsonl rows (with their token ids when the trainer
+        sent them: log_samples_token_ids)."""
+        rows = []
+        for s in reply.samples:
+            ids = len(s.prompt_token_ids) + len(s.completion_token_ids) > 0
+            sample = LoggedSample(
+                step,
+                s.row_id,
+                s.prompt,
+                s.completion,
+                s.reward,
+                s.version_offset,
+                s.finish_reason,
+                prompt_token_ids=list(s.prompt_token_ids) if ids else None,
+                completion_token_ids=list(s.completion_token_ids) if ids else None,
+            )
+            rows.append(sample.as_row())
+        return rows
 
     def write_metrics(self, step: StepAssignment, reply: Any, times: StepTimes) -> None:
         line = step_line(

@@ -50,6 +50,8 @@ def step_to_proto(result: StepResult, weights_address: str, weights_bytes: int =
                 reward=s.reward,
                 version_offset=s.version_offset,
                 finish_reason=s.finish_reason,
+                prompt_token_ids=s.prompt_token_ids or (),
+                completion_token_ids=s.completion_token_ids or (),
             )
             for s in result.samples
         ],

@@ -43,3 +43,34 @@ def test_logged_samples_are_decoded_with_their_row_reward_and_offset():
     # Without a tokenizer the completion is the sample's own text.
     (only,) = logged_samples(3, [b], row_ids=[6], version_offsets=[0], count=4, decode=None)
     assert (only.prompt, only.completion) == ("", "b's text")
+
+
+def test_with_token_ids_each_logged_sample_carries_what_was_trained_through_the_trainers_reply():
+    """`log_samples_token_ids`: the trainer's logged samples carry their token ids, the TrainStep reply (a real
+    protobuf message, serialized and parsed) carries them, the controller's samples.jsonl rows hold them, and a
+    resumed trainer's step record keeps them; without the option no row has them."""
+    from fleetrl.sample_log import TOKEN_ID_COLUMNS
+    from fleetrl.services.controller.orchestrator import Orchestrator
+    from fleetrl.services.trainer.servicer import step_to_proto
+    from fleetrl.trainer.policy_trainer import StepResult
+    from fleetrl.trainer.step_records import result_fields, step_record
+    from fleetrl.v1 import trainer_pb2
+
+    a = RolloutSample([10, 11, 12, 13, 14], [0.0] * 5, [0, 0, 1, 0, 1], reward=1.0)
+    b = RolloutSample([20, 21], [0.0] * 2, [0, 1], reward=0.0)
+    decode = lambda tokens: " ".join(map(str, tokens))  # noqa: E731 - a scripted tokenizer
+    for token_ids in (True, False):
+        logged = logged_samples(5, [a, b], [3, 4], [0, 1], 2, decode, token_ids=token_ids)
+        result = StepResult(step=5, version=5, metrics={}, row_ids=[3, 4], samples=logged)
+        reply = trainer_pb2.TrainStepResponse.FromString(step_to_proto(result, "").SerializeToString())
+        rows = Orchestrator._sample_rows(5, reply)
+        replayed = [s.as_row() for s in result_fields(step_record(result))["samples"]]
+        if token_ids:
+            assert [(r["prompt_token_ids"], r["completion_token_ids"]) for r in rows] == [
+                ([10, 11], [12, 13, 14]),  # the tool turn (13) stays in the completion, as trained around it
+                ([20], [21]),
+            ]
+            assert rows[0]["prompt"] == "10 11" and replayed == rows
+        else:
+            assert not any(k in r for r in rows + replayed for k in TOKEN_ID_COLUMNS)
+            assert set(rows[0]) == set(SAMPLE_COLUMNS)
