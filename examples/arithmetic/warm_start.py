@@ -2,13 +2,17 @@
 
     python examples/arithmetic/warm_start.py [--out runs/arithmetic/init] [--steps 2000] [--noise 0.7]
 
-Writes an HF model folder (weights + tokenizer) and the task's rows (train.jsonl, eval.jsonl). The supervised
-data is mislabelled like a sloppy annotator's: 70 % of its targets are off by one (the sum plus 1). The policy
-learns to add but mostly answers one too many, so it starts with a low reward, and only the verifiable reward
-of the RL run in run.toml can correct it. Same arguments -> the same model on the same machine (seeded, CPU,
-single thread); not across machines: the float kernels torch, oneMKL and oneDNN pick depend on the CPU's
-instruction set (AVX2, AVX-512, AMX), their rounding differs in the last bits, and 2,000 steps carry those bits into
-visibly different models (held-out greedy accuracy 0.245, 0.300 and 0.140 on three days' machines; README).
+Writes an HF model folder (weights + tokenizer), the task's rows (train.jsonl, eval.jsonl) and the supervised rows
+(sft.jsonl: prompt/completion pairs, the --steps x --batch draws in training order), then trains with `fleetrl sft
+examples/arithmetic/sft.toml` (run in this process, its paths set to --out) and prints the held-out greedy accuracy.
+`--loop script` trains with this file's own loop instead (the warm start before `fleetrl sft`, kept to compare the
+two: docs/benchmarks.md). The supervised data is mislabelled like a sloppy annotator's: 70 % of its targets are off
+by one (the sum plus 1). The policy learns to add but mostly answers one too many, so it starts with a low reward,
+and only the verifiable reward of the RL run in run.toml can correct it. Same arguments -> the same model on the
+same machine (seeded, CPU, single thread); not across machines: the float kernels torch, oneMKL and oneDNN pick
+depend on the CPU's instruction set (AVX2, AVX-512, AMX), their rounding differs in the last bits, and 2,000 steps
+carry those bits into visibly different models (held-out greedy accuracy 0.245, 0.300 and 0.140 on three days'
+machines; README).
 """
 
 from __future__ import annotations
@@ -116,6 +120,47 @@ def greedy_answers(model, tokenizer, rows: list[dict], max_new: int = 5) -> list
     return answers
 
 
+def fleetrl_sft(out: Path, model_dir: Path, train: list[dict], args: argparse.Namespace) -> list[float]:
+    """`fleetrl sft examples/arithmetic/sft.toml` on this run's rows and model (the HF export replaces the model
+    folder's weights); the per-step losses from its metrics.jsonl."""
+    from fleetrl.commands.sft import main as sft_main
+
+    with open(out / "sft.jsonl", "w") as fh:
+        rows = sft_rows(train, args.steps, args.batch, args.seed, args.noise)
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    log_path = out / "sft"
+    overrides = {
+        "base_model": model_dir,
+        "log_path": log_path,
+        "output_dir": model_dir,
+        "max_steps": args.steps,
+        "learning_rate": args.lr,
+        "seed": args.seed,
+        "sft.dataset": out / "sft.jsonl",
+        "sft.batch_size": args.batch,
+    }
+    config = Path(__file__).resolve().parent / "sft.toml"
+    argv = [
+        str(config),
+        *(f"--set={k}={json.dumps(str(v)) if isinstance(v, Path) else v}" for k, v in overrides.items()),
+    ]
+    if sft_main([*argv, "--device", "cpu"]) != 0:
+        raise SystemExit("fleetrl sft failed")
+    records = [json.loads(line) for line in (log_path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r["train/loss"] for r in records if "train/loss" in r]
+
+
+def sft_rows(rows: list[dict], steps: int, batch: int, seed: int, noise: float) -> list[dict]:
+    """The supervised rows in the order the script's loop draws them (`sft_step`): `steps` batches of `batch`
+    problems, each with its (noisy) answer; `fleetrl sft` reads them in this order (shuffle = false)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(steps):
+        picked = [rng.choice(rows) for _ in range(batch)]
+        out.extend({"prompt": row["prompt"], "completion": noisy_answer(row, rng, noise)} for row in picked)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/arithmetic/init", help="output folder (model + data)")
@@ -124,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--noise", type=float, default=0.7, help="fraction of targets that are off by one")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--loop", choices=("fleetrl_sft", "script"), default="fleetrl_sft", help="who trains (see the docstring)"
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)  # bit-for-bit repeatable on one machine
@@ -145,8 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, rows in (("train", train), ("eval", held_out)):
         with open(out / f"{name}.jsonl", "w") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
-    losses = sft(model, tokenizer, train, args.steps, args.batch, args.lr, args.seed, args.noise)
-    model.save_pretrained(model_dir)
+    if args.loop == "script":
+        losses = sft(model, tokenizer, train, args.steps, args.batch, args.lr, args.seed, args.noise)
+        model.save_pretrained(model_dir)
+    else:
+        losses = fleetrl_sft(out, model_dir, train, args)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     answers = greedy_answers(model, tokenizer, held_out)
     right = sum(a == r["answer"] for a, r in zip(answers, held_out, strict=True)) / len(held_out)
     plus_one = sum(a == str(int(r["answer"]) + 1) for a, r in zip(answers, held_out, strict=True)) / len(held_out)
