@@ -209,14 +209,23 @@ class WeightPublisher(WeightStreamServer):
         ``sharded`` (world size > 1; implies ``background``): ``state_dict`` is the sharded model's own
         (``model.state_dict()``: DTensor shards), gathered one tensor at a time straight into the staging buffers,
         cast on the device (``HostStaging.gather``). Every other rank calls ``gather_shards`` with its state dict at
-        the same time; nobody gathers the whole model.
+        the same time; nobody gathers the whole model. A sharded publish refused before its gathers (a version not
+        newer, a closed publisher, the previous staging failed) still takes part in them, then raises: the other
+        ranks are gathering already, and would otherwise wait for rank 0 until the process group's timeout.
         """
-        self._check_usable()
-        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
-            raise ValueError(f"weight version must be a non-negative int, got {version!r}")
-        if self._latest is not None and version <= self._latest:
-            raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
-        if background or sharded:
+        if sharded:
+            try:
+                self._check_publishable(version)
+            except (ValueError, WeightTransferError):
+                gather_shards(state_dict, float_dtype)  # the other ranks' gathers complete; nothing is kept
+                raise
+            try:
+                return self._stage(version, state_dict, adapter, float_dtype, sharded)
+            except _Refused as refused:
+                gather_shards(state_dict, float_dtype)
+                raise refused.error from refused.error.__cause__
+        self._check_publishable(version)
+        if background:
             return self._stage(version, state_dict, adapter, float_dtype, sharded)
         started = time.perf_counter()
         snapshot = self._snapshot(version, state_dict, adapter, float_dtype)
@@ -264,6 +273,13 @@ class WeightPublisher(WeightStreamServer):
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _check_publishable(self, version: int) -> None:
+        self._check_usable()
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise ValueError(f"weight version must be a non-negative int, got {version!r}")
+        if self._latest is not None and version <= self._latest:
+            raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
+
     def _check_usable(self) -> None:
         self._raise_if_failed()
         if self._closed:
@@ -297,6 +313,22 @@ class WeightPublisher(WeightStreamServer):
         sharded: bool = False,
     ) -> Future[Manifest]:
         started = time.perf_counter()
+        try:
+            self._check_stageable(state_dict, float_dtype, sharded)
+        except (TypeError, ValueError, WeightTransferError) as exc:
+            if sharded:
+                raise _Refused(exc) from exc
+            raise
+        if sharded:  # every rank gathers with us, one tensor at a time (fleetrl.weights.staging.HostStaging.gather)
+            views, ready = self._staging.gather(state_dict.values(), float_dtype)
+        else:
+            views, ready = self._staging.snapshot(state_dict.values(), float_dtype)
+        return self._submit_stage(version, state_dict, views, ready, adapter, float_dtype, started, sharded)
+
+    def _check_stageable(
+        self, state_dict: Mapping[str, torch.Tensor], float_dtype: torch.dtype | None, sharded: bool
+    ) -> None:
+        """What must hold before a version is copied: the state dict can travel, the previous version is staged."""
         _check_state_dict(state_dict, float_dtype, sharded)
         previous = self._staged
         if previous is not None and not previous.done():
@@ -312,10 +344,19 @@ class WeightPublisher(WeightStreamServer):
             raise WeightTransferError(
                 f"staging the previous weight version failed: {previous.exception()!r}", reason="publisher"
             ) from previous.exception()
-        if sharded:  # every rank gathers with us, one tensor at a time (fleetrl.weights.staging.HostStaging.gather)
-            views, ready = self._staging.gather(state_dict.values(), float_dtype)
-        else:
-            views, ready = self._staging.snapshot(state_dict.values(), float_dtype)
+
+    def _submit_stage(
+        self,
+        version: int,
+        state_dict: Mapping[str, torch.Tensor],
+        views: list[torch.Tensor],
+        ready: Any,
+        adapter: Mapping[str, Any] | None,
+        float_dtype: torch.dtype | None,
+        started: float,
+        sharded: bool,
+    ) -> Future[Manifest]:
+        """The copied version handed to the stager (checksums and serving follow in its thread)."""
         with self._lock:
             if self._latest is not None and version <= self._latest:
                 raise ValueError(f"weight version {version} is not newer than the last published {self._latest}")
@@ -456,6 +497,14 @@ class WeightPublisher(WeightStreamServer):
         payload = self._chunk_payload(session.source, tensor_index, start, stop)
         if self._send(sock, peer, [b"chunk", header, payload]):
             self.counts["bytes_served"] += stop - start
+
+
+class _Refused(Exception):
+    """A sharded publish refused before its gathers (internal: `publish` takes part in them, then raises `error`)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _check_state_dict(

@@ -77,3 +77,43 @@ def test_a_sharded_publish_serves_exactly_the_full_state_dict(tiny_model_dir, tm
     assert result["expected_bytes"] <= result["staged_bytes"] < result["expected_bytes"] + 64 * 200
     if dtype_name == "bfloat16":
         assert result["staged_bytes"] < 0.6 * result["float32_bytes"]
+
+
+def _refused_worker(rank: int, port: int, model_dir: str, out: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from fleetrl.weights import WeightPublisher
+    from fleetrl.weights.publisher import gather_shards
+
+    ctx = rank_context(rank, WORLD, port, timeout_s=60)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        shard_model(model, torch.device("cpu"), WORLD)
+        if rank != 0:
+            gather_shards(model.state_dict())  # version 1
+            gather_shards(model.state_dict())  # the refused version 1 again: must not wait for rank 0 forever
+            gather_shards(model.state_dict())  # version 2: the ranks are still in step
+            Path(out, "follower.json").write_text(json.dumps({"done": True}))
+            return
+        with WeightPublisher() as publisher:
+            publisher.publish(1, model.state_dict(), sharded=True).result(timeout=120)
+            try:
+                publisher.publish(1, model.state_dict(), sharded=True)
+                error = ""
+            except ValueError as exc:
+                error = str(exc)
+            manifest = publisher.publish(2, model.state_dict(), sharded=True).result(timeout=120)
+        Path(out, "result.json").write_text(json.dumps({"error": error, "version": manifest.version}))
+    finally:
+        destroy(ctx)
+        end_rank()
+
+
+def test_a_refused_sharded_publish_still_takes_part_in_the_gathers(tiny_model_dir, tmp_path, free_port):
+    """Rank 0's publisher refuses a version (not newer than the last) after every other rank has begun gathering
+    it: it takes part in the gathers before raising, so the others finish and the next version publishes (before,
+    rank 1 waited in its first all-gather until the process group's timeout)."""
+    mp.spawn(_refused_worker, args=(free_port, tiny_model_dir, str(tmp_path)), nprocs=WORLD, join=True)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert "not newer" in result["error"] and result["version"] == 2
+    assert json.loads((tmp_path / "follower.json").read_text()) == {"done": True}
