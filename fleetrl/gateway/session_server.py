@@ -37,10 +37,11 @@ versions). `listen()` binds the port before any session opens, so that URL is kn
 Under load and abuse (`SessionLimits`, fleetrl.gateway.session_limits; the run's `session_*` fields): a session no
 call reached for `session_idle_timeout_s` expires (404 naming the limit); a body over `session_max_body_bytes` is a
 413 before it is parsed; past `session_max_connections` open connections a new one is closed as it is accepted; a
-connection that sends no complete request, a body that stops arriving (408) or a reader that takes none of its reply
-for 30 s is closed. Chat templates are rendered on a worker thread, so a long prompt never stalls the gateway's
-event loop (its heartbeats, leases and other rollouts). The key is checked before anything else, so a caller without
-it learns nothing (not even whether a session exists). `stats` counts what was refused.
+connection that sends no complete request or a reader that takes none of its reply for 30 s (to 60 s) is aborted,
+and a body that stops arriving for 30 s is a 408. Chat templates are rendered on a worker thread, so a long prompt
+never stalls the gateway's event loop (its heartbeats, leases and other rollouts). The key is checked before
+anything else, so a caller without it learns nothing (not even whether a session exists). `stats` counts what was
+refused.
 """
 
 from __future__ import annotations
