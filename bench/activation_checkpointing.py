@@ -6,7 +6,7 @@ Command (from the repository root):
     python bench/activation_checkpointing.py [--tokens 2048] [--samples 8] [--rounds 2] [--json out.json]
 
 A random-init Qwen2-shaped model (hidden 512, 8 layers, 8 heads / 2 KV heads, MLP 1536, vocabulary 8192, float32:
-37M parameters) trains one packed micro-batch (`--samples` samples of equal length, `--tokens` in all) through the
+32.5M parameters) trains one packed micro-batch (`--samples` samples of equal length, `--tokens` in all) through the
 trainer's own forward (fleetrl.trainer.logprobs.packed_logprobs, chunked head) and backward. Each arm runs in a fresh
 process with one torch thread; arms interleaved, `--rounds` rounds, medians. Peak: the process's peak resident memory
 (VmHWM, reset just before the forward) minus its RSS just before, i.e. what the forward/backward adds on top of the
@@ -123,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     result = run(args.tokens, args.samples, args.rounds)
     m = result["median"]
-    print(f"{args.tokens} tokens in {args.samples} samples, 37M-parameter Qwen2 shape, float32, 1 thread")
+    print(f"{args.tokens} tokens in {args.samples} samples, 32.5M-parameter Qwen2 shape, float32, 1 thread")
     print("| checkpointing | peak added by forward/backward (MB) | CPU s |")
     print("|---|---|---|")
     for name in ARMS:

@@ -152,18 +152,15 @@ class PolicyTrainer:
                 cfg.base_model,
                 self._shard,
                 dtype=cfg.dtype,
-                gradient_checkpointing=cfg.gradient_checkpointing,
                 device=self.device,
+                options=options,
+                wrap=partial(lora.wrap_with_lora, cfg=cfg) if cfg.lora else None,
+                start_tensors=partial(lora.adapter_start_tensors, cfg=cfg) if cfg.lora else None,
             )
         else:
-            self.model = load_causal_lm(
-                cfg.base_model,
-                dtype=cfg.dtype,
-                gradient_checkpointing=cfg.gradient_checkpointing,
-                device=self.device,
-            )
-        if cfg.lora:
-            self.model = lora.wrap_with_lora(self.model, cfg)
+            self.model = load_causal_lm(cfg.base_model, dtype=cfg.dtype, device=self.device, options=options)
+            if cfg.lora:
+                self.model = lora.wrap_with_lora(self.model, cfg)
         self.adapter_config = lora.adapter_config_json(self.model) if cfg.lora else None
         self.tokenizer = self._load_tokenizer()
         self.pad_id = pad_token_id(self.model, self.tokenizer)
