@@ -2,11 +2,13 @@
 
     fleetrl sft examples/arithmetic/sft.toml
     fleetrl sft sft.toml --set max_steps=100 --set sft.batch_size=32
+    fleetrl sft sft.toml --resume                      # from the latest checkpoint under log_path/checkpoints
+    torchrun --nproc-per-node 2 -m fleetrl sft sft.toml   # FSDP2 over the ranks (rank 0 logs and exports)
 
 CONFIG is TOML: the `[run]` table holds the trainer's settings (the fields of `fleetrl.Config`: base_model, log_path,
 output_dir, learning_rate, lr_schedule, max_steps, seed, lora_rank, dtype, packing, max_seq_len, loggers, ...), the
-`[sft]` table the rows and batch (`fleetrl.trainer.sft.SFTSettings`). One process (one device); rows, drops and the
-loss as in fleetrl.trainer.sft. Metrics go to the run's trackers (`loggers`; log_path/metrics.jsonl always), the
+`[sft]` table the rows and batch (`fleetrl.trainer.sft.SFTSettings`). Rows, drops and the loss as in
+fleetrl.trainer.sft. Metrics go to the run's trackers (`loggers`; log_path/metrics.jsonl always), the
 final checkpoint under log_path/checkpoints, the HF model in output_dir (default log_path/final). Exit 0; 2 on a bad
 config (naming the field) or a dataset with no trainable row; 1 when training fails.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -36,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a field: a [run] field by name, an [sft] one as sft.NAME (repeatable)",
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
     return parser
 
 
@@ -76,12 +80,15 @@ def main(argv: list[str] | None = None) -> int:
     from fleetrl.trainer.sft import DROP_REASONS, run_sft
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    trackers = make_trackers(cfg)
+    if os.environ.get("RANK", "0") != "0":  # a torchrun follower: rank 0 logs, checkpoints and exports
+        run_sft(cfg, settings, device=device, resume=args.resume)
+        return 0
+    trackers = make_trackers(cfg, resume=args.resume)
     failed = True
     try:
         trackers.log_config(cfg.model_dump(mode="json") | {"sft": settings.model_dump()})
         try:
-            result = run_sft(cfg, settings, device=device, trackers=trackers)
+            result = run_sft(cfg, settings, device=device, trackers=trackers, resume=args.resume)
         except (ValueError, FileNotFoundError) as exc:
             print(f"fleetrl sft: {exc}", file=sys.stderr)
             return 2

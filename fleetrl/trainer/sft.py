@@ -236,11 +236,16 @@ class SFTResult:
     seconds: float = 0.0
 
 
-def run_sft(cfg: Any, settings: SFTSettings, *, device: str = "cpu", trackers: Any = None) -> SFTResult:
+def run_sft(
+    cfg: Any, settings: SFTSettings, *, device: str = "cpu", trackers: Any = None, resume: bool = False
+) -> SFTResult:
     """Train `cfg.max_steps` steps of `settings.batch_size` rows of `settings.dataset` with PolicyTrainer, then save
     a checkpoint and the HF export (cfg.output_dir, default log_path/final). `trackers`: a TrackerSet the step
-    metrics go to (fleetrl.trackers), or None."""
+    metrics go to (fleetrl.trackers), or None. `resume`: continue from the latest checkpoint under
+    log_path/checkpoints (its step and the rows it had consumed), if any. Under torchrun (WORLD_SIZE > 1) the ranks
+    shard the model with FSDP2 (gloo on CPU, nccl on CUDA): rank 0 drives the steps, the others follow it."""
     from fleetrl.seq_len import resolve_max_seq_len
+    from fleetrl.trainer.distributed import DistContext, destroy
     from fleetrl.trainer.model import load_tokenizer
     from fleetrl.trainer.policy_trainer import PolicyTrainer
 
@@ -253,12 +258,29 @@ def run_sft(cfg: Any, settings: SFTSettings, *, device: str = "cpu", trackers: A
     logger.info("sft: %d rows to train on, dropped: %s", len(examples), summary)
     if not examples:
         raise ValueError(f"sft.dataset: no trainable row in {settings.dataset} (dropped: {summary})")
-    trainer = PolicyTrainer(trainer_config(cfg), device=device, total_steps=cfg.max_steps, refuse_stale=False)
+    ctx = DistContext.from_env(device=device)
+    trainer = PolicyTrainer(
+        trainer_config(cfg), device=device, dist_ctx=ctx, total_steps=cfg.max_steps, refuse_stale=False
+    )
     result = SFTResult(0, len(examples), {r: dropped[r] for r in DROP_REASONS})
+    if not ctx.is_main:
+        try:
+            trainer.follow()
+        finally:
+            trainer.close()
+            destroy(ctx)
+        return result
     order = batches(len(examples), settings.batch_size, cfg.seed, cfg.shuffle)
-    next_row = 0
+    next_row, first_step = 0, 1
+    if resume and trainer.resume():
+        position = trainer.state.data_position
+        next_row = int(position.get("sft_rows", 0)) if isinstance(position, dict) else 0
+        for _ in range(next_row // settings.batch_size):  # the batches already trained, drawn again and skipped
+            next(order)
+        first_step = trainer.steps_done + 1
+        logger.info("sft: resumed at step %d, %d rows consumed", trainer.steps_done, next_row)
     try:
-        for step in range(1, cfg.max_steps + 1):
+        for step in range(first_step, cfg.max_steps + 1):
             groups = []
             for index in next(order):
                 groups.append(RolloutGroup(next_row, trainer.version, [examples[index].to_sample()]))
@@ -278,7 +300,9 @@ def run_sft(cfg: Any, settings: SFTSettings, *, device: str = "cpu", trackers: A
         checkpoint, export = trainer.finish({"sft_rows": next_row})
         result.checkpoint, result.export = str(checkpoint), str(export)
     finally:
+        trainer.stop_followers()
         trainer.close()
+        destroy(ctx)
     result.seconds = time.monotonic() - started
     return result
 
