@@ -40,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when available)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint, if any")
+    parser.add_argument(
+        "--verbose", action="store_true", help="the trainer's line per step too (else every log_interval steps)"
+    )
     return parser
 
 
@@ -74,6 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg, settings = load_config(args.config, args.set)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    trainer_log = logging.getLogger("fleetrl.trainer.policy_trainer")
+    level = trainer_log.level
+    if not args.verbose:  # a line per step is the RL trainer's habit; here the loss every log_interval steps says it
+        trainer_log.setLevel(logging.WARNING)
+    try:
+        return _train(args, cfg, settings)
+    finally:
+        trainer_log.setLevel(level)
+
+
+def _train(args: argparse.Namespace, cfg: Config, settings: Any) -> int:
     import torch
 
     from fleetrl.trackers.factory import make_trackers
@@ -97,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         trackers.close(failed=failed)
     dropped = ", ".join(f"{result.dropped[r]} {r}" for r in DROP_REASONS if result.dropped.get(r)) or "none"
     tail = result.losses[-20:]
+    final = f"{sum(tail) / len(tail):.4f}" if tail else "n/a (no step left to train)"
     print(
-        f"fleetrl sft: {result.steps} steps on {result.examples} rows (dropped: {dropped}), final loss "
-        f"{sum(tail) / len(tail):.4f}, {result.seconds:.0f} s -> {result.export}"
+        f"fleetrl sft: {result.steps} steps on {result.examples} rows (dropped: {dropped}), final loss {final}, "
+        f"{result.seconds:.0f} s -> {result.export}"
     )
     return 0
 
