@@ -10,8 +10,8 @@ Two ways to reward it, both built by `episode_run`:
 - per turn: `turn_rewards` = [turn 1 right, turn 2 right] beside the same total, for `advantage_estimator =
   "turn_discounted"`, which credits each turn with what it and the turns after it earned.
 
-bench/turn_credit.py trains a tiny policy on it both ways (docs/benchmarks.md, docs/losses.md); rollout.py is the same
-task's logic only (a rollout function for `fleetrl up` would make the two sampler calls and return `episode_run`).
+bench/turn_credit.py trains a tiny policy on it both ways (docs/benchmarks.md, docs/losses.md); rollout.py is the
+task as a rollout function for `fleetrl up examples/two_turn/run.toml` (tests/integration/examples/test_two_turn_up.py).
 """
 
 from __future__ import annotations
