@@ -252,3 +252,12 @@ def test_fleetrl_sft_trains_a_lora_adapter(tmp_path, tiny_model_dir, capsys):
     assert fleetrl_main(["sft", str(config), "--set", "lora_rank=4", "--set", "max_steps=2"]) == 0
     assert "2 steps on 6 rows (dropped: none)" in capsys.readouterr().out
     assert (tmp_path / "run" / "final" / "adapter_config.json").is_file()  # a LoRA run exports its adapter
+
+
+def test_the_shipped_sft_config_loads_both_tables():
+    from fleetrl.commands.sft import load_config
+
+    repo = Path(__file__).resolve().parents[3]
+    cfg, settings = load_config(str(repo / "examples" / "arithmetic" / "sft.toml"), ["sft.batch_size=8"])
+    assert cfg.max_steps == 2000 and cfg.lr_schedule == "linear" and cfg.shuffle is False
+    assert settings.batch_size == 8 and settings.dataset.endswith("sft.jsonl")
