@@ -143,7 +143,7 @@ class Config(BaseModel):
     dataset: str | None = Field(
         None,
         description="Prompt rows: a JSONL or Parquet file, a save_to_disk folder or a cached hub id, memory-mapped "
-        "through HF datasets (or rows via main()).",
+        "through HF datasets (a JSONL of at most 8 MiB is read into memory) (or rows via main()).",
     )
     datasets: list[DatasetSource] | None = Field(
         None,
