@@ -74,9 +74,9 @@ def load_judge_tokenizer(config: GatewayConfig, fallback: Any) -> Any:
     """The judge model's tokenizer (`judge_model`), or `fallback` (the run's) when no judge model is named."""
     if not config.judge or not config.judge_model:
         return fallback
-    from transformers import AutoTokenizer
+    from fleetrl.tokenizer_load import load_tokenizer
 
-    return AutoTokenizer.from_pretrained(config.judge_model)
+    return load_tokenizer(config.judge_model)  # as AutoTokenizer, without importing torch when it can
 
 
 def resolve_judges(names: Sequence[str]) -> list[str]:

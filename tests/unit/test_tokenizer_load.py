@@ -93,3 +93,30 @@ def test_a_gateway_builds_without_importing_torch(tiny_model_dir: str, tmp_path:
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert out["vocab"] == len(AutoTokenizer.from_pretrained(tiny_model_dir))
     assert out["torch"] is False, "building a gateway imported torch"
+
+
+JUDGE_PROBE = """
+import json, sys
+from fleetrl.config import Config
+from fleetrl.gateway.config import GatewayConfig
+from fleetrl.gateway.judge import load_judge_tokenizer
+run = Config(base_model=sys.argv[1], dataset="unused", completions_per_prompt=2)
+config = GatewayConfig(run=run, rollout="unused:unused", judge=["127.0.0.1:1"], judge_model=sys.argv[1])
+tokenizer = load_judge_tokenizer(config, None)
+print(json.dumps({"torch": "torch" in sys.modules, "ids": tokenizer("12+30=")["input_ids"]}))
+"""
+
+
+def test_the_judge_tokenizer_loads_without_importing_torch(tiny_model_dir: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", JUDGE_PROBE, tiny_model_dir],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["ids"] == AutoTokenizer.from_pretrained(tiny_model_dir)("12+30=")["input_ids"]
+    assert out["torch"] is False, "loading the judge's tokenizer imported torch"
