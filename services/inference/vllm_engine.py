@@ -89,6 +89,10 @@ pin it, and start() warns when another is installed (the private APIs used here 
 _RATE_WINDOW_S = 10.0
 _POLL_S = 0.02  # staging status poll: each poll is one cheap rpc between two engine steps
 _RPC_TIMEOUT_S = 60.0
+ENGINE_UPDATE_LEASE_S = 120.0
+"""How long a trainer-driven engine-group update (start_engine_update ... finish_engine_update) may wait for the
+trainer's next call before the replica gives up on it: a trainer that died between the calls would otherwise leave
+the replica paused with its load lock held for good (VLLMEngine.engine_update_lease_s, _EngineUpdateSession)."""
 WEIGHT_UPDATE_PATHS = ("transfer_api", "reload_rpc")
 """How a staged version is applied: vLLM's weight-transfer API ("fleetrl_zmq" backend, the default) or the worker
 extension's reload_weights rpc (the earlier path, kept to benchmark against)."""
@@ -105,6 +109,15 @@ def vllm_lora_rank(max_lora_rank: int) -> int:
         if rank >= max_lora_rank:
             return rank
     raise ValueError(f"max_lora_rank {max_lora_rank} exceeds vLLM's largest ({_VLLM_LORA_RANKS[-1]})")
+
+
+@dataclasses.dataclass
+class _EngineUpdateSession:
+    """One trainer-driven update between start_engine_update and finish_engine_update: the version it received
+    (None until engine_update returned) and the lease that ends it if the trainer's next call does not come."""
+
+    received: int | None = None
+    lease: asyncio.Task[None] | None = None
 
 
 class VLLMEngine(InferenceEngine):
@@ -182,6 +195,10 @@ class VLLMEngine(InferenceEngine):
         self._vocab_size: int | None = None
         self._load_lock = asyncio.Lock()
         self._broken: str | None = None  # set if an in-place load failed midway (weights inconsistent)
+        # A trainer-driven engine-group update in progress (start_engine_update until finish_engine_update) and
+        # how long it waits for the trainer's next call (ENGINE_UPDATE_LEASE_S; may be changed between updates).
+        self._engine_update: _EngineUpdateSession | None = None
+        self.engine_update_lease_s = ENGINE_UPDATE_LEASE_S
         self.last_swap_timings: dict[str, float] = {}  # where the last swap's pause went (benchmarks)
         self._in_flight_seqs = 0
         self._tokens_total = 0
@@ -720,7 +737,9 @@ class VLLMEngine(InferenceEngine):
 
     async def start_engine_update(self) -> None:
         """Pause generation (requests kept, as for a swap) and start a weight update; `engine_update` and then
-        `finish_engine_update` (or the failure of `engine_update`) end it. Held against other loads."""
+        `finish_engine_update` (or the failure of `engine_update`) end it. Held against other loads. If the
+        trainer's next call does not come within `engine_update_lease_s` (a trainer that died between the calls),
+        the replica ends the update itself (`_expire_engine_update`) and serves again."""
         llm = self._started()
         await asyncio.wait_for(self._load_lock.acquire(), _RPC_TIMEOUT_S)
         try:
@@ -733,31 +752,91 @@ class VLLMEngine(InferenceEngine):
         except BaseException:
             self._load_lock.release()
             raise
+        self._engine_update = session = _EngineUpdateSession()
+        self._arm_engine_update_lease(session)
 
     async def engine_update(self, version: int, engine_update: dict[str, Any], timeout_s: float) -> None:
         """Receive `version` through the engine group (every worker, bucket by bucket, into the model)."""
         from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
 
         llm = self._started()
+        session = self._claim_engine_update("engine_update")
         request = WeightTransferUpdateRequest(update_info={"version": version, "engine_update": engine_update})
         try:
             await asyncio.wait_for(llm.update_weights(request), timeout_s)
         except BaseException as exc:
+            self._engine_update = None
             self._broken = f"the engine-group update to version {version} failed ({exc!r}); weights inconsistent"
             logger.error(self._broken)
             await llm.resume_generation()
             self._load_lock.release()
             raise
+        session.received = version
+        self._arm_engine_update_lease(session)
 
     async def finish_engine_update(self, version: int) -> None:
         """Finish the update (vLLM's layerwise post-processing), label new tokens `version`, resume generation."""
         llm = self._started()
+        self._claim_engine_update("finish_engine_update")
+        self._engine_update = None
         try:
             await asyncio.wait_for(llm.finish_weight_update(str(version)), _RPC_TIMEOUT_S)
             self.loaded_version, self.loaded_checksum = version, f"engine:{version}"
             self._broken = None
         finally:
             await llm.resume_generation()
+            self._load_lock.release()
+
+    def _claim_engine_update(self, call: str) -> _EngineUpdateSession:
+        """The update in progress, its lease stopped while the trainer's `call` runs; a clear error when there is
+        none (never started, or given up on after the lease)."""
+        session = self._engine_update
+        if session is None:
+            raise EngineError(
+                f"{call}: no engine-group update in progress on this replica (start_engine_update was not called, "
+                f"or the trainer's calls stopped for longer than engine_update_lease_s = "
+                f"{self.engine_update_lease_s:g} s and the replica ended the update and resumed serving)"
+            )
+        if session.lease is not None:
+            session.lease.cancel()
+            session.lease = None
+        return session
+
+    def _arm_engine_update_lease(self, session: _EngineUpdateSession) -> None:
+        session.lease = asyncio.get_running_loop().create_task(
+            self._expire_engine_update(session, self.engine_update_lease_s), name="fleetrl-engine-update-lease"
+        )
+
+    async def _expire_engine_update(self, session: _EngineUpdateSession, lease_s: float) -> None:
+        """End an update whose trainer stopped calling for `lease_s`: vLLM's update is finished (its layerwise
+        reload puts the current weights back in place of those not received, so with nothing received the
+        replica serves the version it served before, and with the whole of `received` received it serves that
+        version, labelled so), generation resumes and the load lock is released. If finishing fails, the replica
+        is marked broken (it refuses requests until a load succeeds) and still resumes and releases the lock."""
+        await asyncio.sleep(lease_s)
+        if self._engine_update is not session:
+            return
+        self._engine_update = None
+        session.lease = None
+        llm = self._llm
+        got = "nothing received" if session.received is None else f"version {session.received} received"
+        logger.warning(
+            "the trainer's engine-group update stopped for %.3g s (engine_update_lease_s) with %s: ending it and "
+            "serving again",
+            lease_s,
+            got,
+        )
+        try:
+            label = None if session.received is None else str(session.received)
+            await asyncio.wait_for(llm.finish_weight_update(label), _RPC_TIMEOUT_S)
+            if session.received is not None:
+                self.loaded_version, self.loaded_checksum = session.received, f"engine:{session.received}"
+        except Exception as exc:  # the replica must not stay paused, whatever failed
+            self._broken = f"ending an abandoned engine-group update failed ({exc!r}); weights inconsistent"
+            logger.error(self._broken)
+        finally:
+            with contextlib.suppress(Exception):
+                await llm.resume_generation()
             self._load_lock.release()
 
     async def _swap_by_reload_rpc(self, load_id: str, version: int, nbytes: int) -> tuple[float, str]:
