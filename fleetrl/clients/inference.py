@@ -4,11 +4,18 @@
         completions = await client.generate(SamplingRequest([1, 2, 3], n=4, max_tokens=32))
         result = await client.load_weights(7, "tcp://127.0.0.1:5555")
 
+A trainer drives a vLLM replica's weight-transfer engine group through join_engine_group, start_engine_update,
+engine_update and finish_engine_update (fleetrl/clients/inference_engine.py: the same calls as vLLM's
+VLLMWeightSyncClient, for fleetrl.weights.vllm_gloo's trainer engine).
+
 Errors are grpc.aio.AioRpcError: INVALID_ARGUMENT (bad request), FAILED_PRECONDITION (weights refused),
 UNAVAILABLE (engine down), UNAUTHENTICATED (token).
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 from fleetrl.clients.inference_proto import completions_from_proto, request_to_proto
 from fleetrl.clients.inference_types import Completion, LoadResult, SamplingRequest
@@ -50,6 +57,34 @@ class InferenceClient:
             msg.transport, msg.group_replicas = "collective", group_replicas
         reply = await self._stub.LoadWeights(msg, timeout=timeout_s + 10.0)
         return LoadResult(reply.version, reply.checksum, reply.transfer_s, reply.pause_s, reply.transport or "zmq")
+
+    # ----- a trainer-driven update through a weight-transfer engine group (vLLM replicas) -----
+
+    async def join_engine_group(self, engine: str, engine_init: dict[str, Any], *, timeout_s: float = 120.0) -> int:
+        """JoinEngineGroup: the replica's workers join `engine`'s group (init info `engine_init`); the version
+        the replica serves."""
+        msg = inference_pb2.JoinEngineGroupRequest(
+            engine=engine, engine_init_json=json.dumps(engine_init), timeout_s=timeout_s
+        )
+        return (await self._stub.JoinEngineGroup(msg, timeout=timeout_s + 10.0)).loaded_version
+
+    async def start_engine_update(self, *, timeout_s: float = 120.0) -> int:
+        """StartEngineUpdate: pause generation and start an update (the replica ends it itself if the next call
+        does not come within its engine_update_lease_s)."""
+        reply = await self._stub.StartEngineUpdate(inference_pb2.StartEngineUpdateRequest(), timeout=timeout_s)
+        return reply.loaded_version
+
+    async def engine_update(self, version: int, update_info: dict[str, Any], *, timeout_s: float = 120.0) -> int:
+        """EngineUpdate: receive `version` through the group (the trainer sends meanwhile)."""
+        msg = inference_pb2.EngineUpdateRequest(
+            version=version, update_info_json=json.dumps(update_info), timeout_s=timeout_s
+        )
+        return (await self._stub.EngineUpdate(msg, timeout=timeout_s + 10.0)).loaded_version
+
+    async def finish_engine_update(self, version: int, *, timeout_s: float = 120.0) -> int:
+        """FinishEngineUpdate: label new tokens `version` and resume generation; the version now served."""
+        msg = inference_pb2.FinishEngineUpdateRequest(version=version)
+        return (await self._stub.FinishEngineUpdate(msg, timeout=timeout_s)).loaded_version
 
     async def close(self) -> None:
         await self._channel.close()

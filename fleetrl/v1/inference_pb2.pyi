@@ -111,3 +111,39 @@ class LoadWeightsResponse(_message.Message):
     pause_s: float
     transport: str
     def __init__(self, version: _Optional[int] = ..., checksum: _Optional[str] = ..., transfer_s: _Optional[float] = ..., pause_s: _Optional[float] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class JoinEngineGroupRequest(_message.Message):
+    __slots__ = ("engine", "engine_init_json", "timeout_s")
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_INIT_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    engine: str
+    engine_init_json: str
+    timeout_s: float
+    def __init__(self, engine: _Optional[str] = ..., engine_init_json: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class StartEngineUpdateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineUpdateRequest(_message.Message):
+    __slots__ = ("version", "update_info_json", "timeout_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    update_info_json: str
+    timeout_s: float
+    def __init__(self, version: _Optional[int] = ..., update_info_json: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class FinishEngineUpdateRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class EngineCallResponse(_message.Message):
+    __slots__ = ("loaded_version",)
+    LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    loaded_version: int
+    def __init__(self, loaded_version: _Optional[int] = ...) -> None: ...

@@ -49,6 +49,26 @@ class InferenceStub:
                 request_serializer=fleetrl_dot_v1_dot_inference__pb2.LoadWeightsRequest.SerializeToString,
                 response_deserializer=fleetrl_dot_v1_dot_inference__pb2.LoadWeightsResponse.FromString,
                 _registered_method=True)
+        self.JoinEngineGroup = channel.unary_unary(
+                '/fleetrl.v1.Inference/JoinEngineGroup',
+                request_serializer=fleetrl_dot_v1_dot_inference__pb2.JoinEngineGroupRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+                _registered_method=True)
+        self.StartEngineUpdate = channel.unary_unary(
+                '/fleetrl.v1.Inference/StartEngineUpdate',
+                request_serializer=fleetrl_dot_v1_dot_inference__pb2.StartEngineUpdateRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+                _registered_method=True)
+        self.EngineUpdate = channel.unary_unary(
+                '/fleetrl.v1.Inference/EngineUpdate',
+                request_serializer=fleetrl_dot_v1_dot_inference__pb2.EngineUpdateRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+                _registered_method=True)
+        self.FinishEngineUpdate = channel.unary_unary(
+                '/fleetrl.v1.Inference/FinishEngineUpdate',
+                request_serializer=fleetrl_dot_v1_dot_inference__pb2.FinishEngineUpdateRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServicer:
@@ -76,6 +96,34 @@ class InferenceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def JoinEngineGroup(self, request, context):
+        """A trainer-driven update through a weight-transfer engine group (vLLM replicas; another engine answers
+        UNIMPLEMENTED): JoinEngineGroup once per group (and again to rebuild it), then per version StartEngineUpdate,
+        EngineUpdate (the workers receive the version through the group inside it), FinishEngineUpdate. Each has a
+        timeout; a replica whose trainer stops between them ends the update itself (engine_update_lease_s).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartEngineUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EngineUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishEngineUpdate(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +141,26 @@ def add_InferenceServicer_to_server(servicer, server):
                     servicer.LoadWeights,
                     request_deserializer=fleetrl_dot_v1_dot_inference__pb2.LoadWeightsRequest.FromString,
                     response_serializer=fleetrl_dot_v1_dot_inference__pb2.LoadWeightsResponse.SerializeToString,
+            ),
+            'JoinEngineGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinEngineGroup,
+                    request_deserializer=fleetrl_dot_v1_dot_inference__pb2.JoinEngineGroupRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.SerializeToString,
+            ),
+            'StartEngineUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartEngineUpdate,
+                    request_deserializer=fleetrl_dot_v1_dot_inference__pb2.StartEngineUpdateRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.SerializeToString,
+            ),
+            'EngineUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.EngineUpdate,
+                    request_deserializer=fleetrl_dot_v1_dot_inference__pb2.EngineUpdateRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.SerializeToString,
+            ),
+            'FinishEngineUpdate': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishEngineUpdate,
+                    request_deserializer=fleetrl_dot_v1_dot_inference__pb2.FinishEngineUpdateRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +244,114 @@ class Inference:
             '/fleetrl.v1.Inference/LoadWeights',
             fleetrl_dot_v1_dot_inference__pb2.LoadWeightsRequest.SerializeToString,
             fleetrl_dot_v1_dot_inference__pb2.LoadWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinEngineGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Inference/JoinEngineGroup',
+            fleetrl_dot_v1_dot_inference__pb2.JoinEngineGroupRequest.SerializeToString,
+            fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartEngineUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Inference/StartEngineUpdate',
+            fleetrl_dot_v1_dot_inference__pb2.StartEngineUpdateRequest.SerializeToString,
+            fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EngineUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Inference/EngineUpdate',
+            fleetrl_dot_v1_dot_inference__pb2.EngineUpdateRequest.SerializeToString,
+            fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishEngineUpdate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Inference/FinishEngineUpdate',
+            fleetrl_dot_v1_dot_inference__pb2.FinishEngineUpdateRequest.SerializeToString,
+            fleetrl_dot_v1_dot_inference__pb2.EngineCallResponse.FromString,
             options,
             channel_credentials,
             insecure,

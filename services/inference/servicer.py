@@ -4,12 +4,20 @@ engine errors to gRPC status codes.
     ValueError (a bad request)      -> INVALID_ARGUMENT
     WeightLoadError (a bad version) -> FAILED_PRECONDITION (the engine keeps serving the previous version)
     EngineError (engine down)       -> UNAVAILABLE
+
+The engine-group calls (JoinEngineGroup, StartEngineUpdate, EngineUpdate, FinishEngineUpdate: a trainer-driven
+update, fleetrl.weights.engine_sync) on an engine without them -> UNIMPLEMENTED; info that is not a JSON object ->
+INVALID_ARGUMENT; a call past its timeout -> DEADLINE_EXCEEDED; a failed transfer -> ABORTED (the replica refuses
+generation until a load succeeds, VLLMEngine.engine_update).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from collections.abc import Awaitable
+from typing import Any
 
 import grpc
 
@@ -137,3 +145,88 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             pause_s=result.pause_s,
             transport=result.transport,
         )
+
+    # ----- an engine group: the trainer drives the replica's weight-transfer calls -----
+
+    async def JoinEngineGroup(
+        self, request: inference_pb2.JoinEngineGroupRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EngineCallResponse:
+        engine = self._group_engine("join_engine_group")
+        if engine is None:
+            await self._unimplemented(context, "JoinEngineGroup")
+        if not request.engine:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "JoinEngineGroup: engine is empty")
+        init = await self._json_object(context, "JoinEngineGroup", "engine_init_json", request.engine_init_json)
+        timeout_s = await self._timeout(context, "JoinEngineGroup", request.timeout_s)
+        return await self._engine_call(
+            context, "JoinEngineGroup", engine.join_engine_group(request.engine, init, timeout_s)
+        )
+
+    async def StartEngineUpdate(
+        self, request: inference_pb2.StartEngineUpdateRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EngineCallResponse:
+        engine = self._group_engine("start_engine_update")
+        if engine is None:
+            await self._unimplemented(context, "StartEngineUpdate")
+        return await self._engine_call(context, "StartEngineUpdate", engine.start_engine_update())
+
+    async def EngineUpdate(
+        self, request: inference_pb2.EngineUpdateRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EngineCallResponse:
+        engine = self._group_engine("engine_update")
+        if engine is None:
+            await self._unimplemented(context, "EngineUpdate")
+        info = await self._json_object(context, "EngineUpdate", "update_info_json", request.update_info_json)
+        timeout_s = await self._timeout(context, "EngineUpdate", request.timeout_s)
+        return await self._engine_call(context, "EngineUpdate", engine.engine_update(request.version, info, timeout_s))
+
+    async def FinishEngineUpdate(
+        self, request: inference_pb2.FinishEngineUpdateRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EngineCallResponse:
+        engine = self._group_engine("finish_engine_update")
+        if engine is None:
+            await self._unimplemented(context, "FinishEngineUpdate")
+        return await self._engine_call(context, "FinishEngineUpdate", engine.finish_engine_update(request.version))
+
+    def _group_engine(self, method: str) -> Any:
+        return self._engine if callable(getattr(self._engine, method, None)) else None
+
+    async def _unimplemented(self, context: grpc.aio.ServicerContext, call: str) -> None:
+        message = f"{call}: the {self._engine.engine_name} engine has no engine-group updates (vLLM replicas only)"
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, message)
+
+    async def _timeout(self, context: grpc.aio.ServicerContext, call: str, timeout_s: float) -> float:
+        timeout_s = timeout_s or self._weight_load_timeout_s
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{call}: timeout_s must be a finite number > 0, got {timeout_s}"
+            )
+        return timeout_s
+
+    @staticmethod
+    async def _json_object(context: grpc.aio.ServicerContext, call: str, field: str, text: str) -> dict[str, Any]:
+        try:
+            value = json.loads(text or "{}")
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: {field} is not JSON ({exc})")
+        if not isinstance(value, dict):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"{call}: {field} must be a JSON object, got {type(value).__name__}"
+            )
+        return value
+
+    async def _engine_call(
+        self, context: grpc.aio.ServicerContext, call: str, work: Awaitable[None]
+    ) -> inference_pb2.EngineCallResponse:
+        try:
+            await work
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{call}: {exc}")
+        except EngineError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{call}: {exc}")
+        except TimeoutError as exc:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"{call}: timed out ({exc!r})")
+        except Exception as exc:  # a failed transfer: the engine has already resumed and flagged itself
+            logger.warning("%s failed: %r", call, exc)
+            await context.abort(grpc.StatusCode.ABORTED, f"{call}: {exc!r}")
+        return inference_pb2.EngineCallResponse(loaded_version=self._engine.loaded_version)
