@@ -169,23 +169,25 @@ async def run(args: argparse.Namespace) -> None:
             f"{whole} of {3 * args.streams} whole, errors {errors}",
         )
 
-        ids = server.ask(f"open {args.slow_readers}")
-        readers = []
-        for s in ids:
-            sock = socket.socket()
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            sock.connect(("127.0.0.1", server.port))
-            body = json.dumps({**ask, "messages": [{"role": "user", "content": "LONG"}], "logprobs": True}).encode()
-            head = (
-                f"POST /sessions/{s}/v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.key}\r\n"
-            )
-            sock.sendall(f"{head}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-            readers.append(sock)
-        record(f"{args.slow_readers} readers of ~5 MB replies that read nothing", "")
-        stats = await settle(server, args.stall_s * 4 + args.idle_s * 3)
-        record("  after the stall limit", f"{stats.get('connections_stalled', 0)} cut off")
-        for sock in readers:
-            sock.close()
+        for round_ in range(args.slow_rounds):
+            ids = server.ask(f"open {args.slow_readers}")
+            readers = []
+            for s in ids:
+                sock = socket.socket()
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.connect(("127.0.0.1", server.port))
+                body = json.dumps({**ask, "messages": [{"role": "user", "content": "LONG"}], "logprobs": True}).encode()
+                head = f"POST /sessions/{s}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                head += f"Authorization: Bearer {server.key}\r\n"
+                sock.sendall(
+                    f"{head}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+                )
+                readers.append(sock)
+            record(f"{args.slow_readers} readers of ~5 MB replies that read nothing", f"round {round_ + 1}")
+            stats = await settle(server, args.stall_s * 4 + args.idle_s * 3)
+            record("  after the stall limit", f"{stats.get('connections_stalled', 0)} cut off")
+            for sock in readers:
+                sock.close()
 
         (sid,) = server.ask("open 1")
         big = b'{"model": "policy", "messages": [{"role": "user", "content": "' + b"a" * (64 * 2**20) + b'"}]}'
@@ -251,6 +253,7 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=10_000)
     p.add_argument("--streams", type=int, default=200)
     p.add_argument("--slow-readers", type=int, default=50)
+    p.add_argument("--slow-rounds", type=int, default=1, help="rounds of slow readers (RSS after a second one)")
     p.add_argument("--big-bodies", type=int, default=20)
     p.add_argument("--bad-keys", type=int, default=3000)
     p.add_argument("--flood", type=int, default=5000)
