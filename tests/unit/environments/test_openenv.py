@@ -30,6 +30,9 @@ def tokenizer(tiny_model_dir):
 @pytest.fixture(scope="module")
 def echo_server():
     """The example's server on a free loopback port (its rollout.py's own starter) and its module."""
+    # Other examples' tests import their own `rollout` (and `server`) modules in this worker: set theirs aside so
+    # these names resolve to this example's files, and put them back after.
+    shadowed = {name: sys.modules.pop(name) for name in ("rollout", "server") if name in sys.modules}
     sys.path.insert(0, str(EXAMPLE))
     try:
         import rollout  # examples/openenv_echo/rollout.py
@@ -38,7 +41,9 @@ def echo_server():
         yield rollout.start_server(), server
     finally:
         sys.path.remove(str(EXAMPLE))
-        sys.modules.pop("rollout", None)
+        for name in ("rollout", "server"):
+            sys.modules.pop(name, None)
+        sys.modules.update(shadowed)
 
 
 async def play(setup, url: str, rows: list[dict], options: dict | None = None) -> list:
