@@ -42,6 +42,7 @@ def serve(args: argparse.Namespace) -> None:
     from fleetrl.gateway.sampler import SampledCompletion
     from fleetrl.gateway.session_limits import SessionLimits
     from fleetrl.gateway.session_server import SessionServer
+    from fleetrl.shell.heap import heap_trim_interval, trim_heap_every
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     short = tokenizer.encode("a short reply", add_special_tokens=False)
@@ -57,6 +58,9 @@ def serve(args: argparse.Namespace) -> None:
         limits = SessionLimits(idle_timeout_s=args.idle_s, stall_timeout_s=args.stall_s)
         server = SessionServer(InstantSampler(), tokenizer, sample_kwargs={"max_tokens": 10**6}, limits=limits)
         await server.start()
+        # The gateway's service shell gives freed heap pages back every FLEETRL_HEAP_TRIM_S (fleetrl.shell.heap);
+        # the bench's server does the same unless --no-trim, so its RSS is what a gateway's would be.
+        trimmer = asyncio.create_task(trim_heap_every(0 if args.no_trim else heap_trim_interval(), asyncio.Event()))
         held = []  # abandoned sessions stay held, as a hung rollout would hold them
         print(json.dumps({"port": server.port, "key": server.api_key}), flush=True)
         loop = asyncio.get_running_loop()
@@ -70,6 +74,7 @@ def serve(args: argparse.Namespace) -> None:
                 server.sweep_if_due()
                 stats = {**server.stats, "tracked": server.sessions.tracked(), "connections": server.connections()}
                 print(json.dumps(stats), flush=True)
+        trimmer.cancel()
         await server.close()
 
     asyncio.run(main())
@@ -80,7 +85,9 @@ class Server:
 
     def __init__(self, args: argparse.Namespace) -> None:
         command = [sys.executable, __file__, "--serve", "--model", args.model]
-        command += ["--idle-s", str(args.idle_s), "--stall-s", str(args.stall_s)]
+        command += ["--idle-s", str(args.idle_s), "--stall-s", str(args.stall_s)] + (
+            ["--no-trim"] if args.no_trim else []
+        )
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         hello = json.loads(self.proc.stdout.readline())
         self.port, self.key = hello["port"], hello["key"]
@@ -259,6 +266,7 @@ def main() -> None:
     p.add_argument("--flood", type=int, default=5000)
     p.add_argument("--idle-s", type=float, default=60.0)
     p.add_argument("--stall-s", type=float, default=30.0)
+    p.add_argument("--no-trim", action="store_true", help="the server does not trim its heap (the shell's default)")
     args = p.parse_args()
     if args.model is None:
         from fleetrl.tiny_model import build_tiny_model
