@@ -134,7 +134,33 @@ def _join(info: GlooInitInfo, rank: int) -> Any:
     return _process_group(store, rank, info.world_size, "gloo", info.timeout_s), store
 
 
-class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
+class LayerwiseReceiver:
+    """What fleetrl's receiving engines (this file's gloo engine, services/inference/vllm_transfer.py's stream) share:
+    a version arrives between vLLM's layer-wise reload calls, and `update_weights` hands the parsed info to the
+    engine's own `receive_weights`. Put it before `WeightTransferEngine` in the bases."""
+
+    model: Any
+    model_config: Any
+    receive_weights: Any  # the engine's own
+    parse_update_info: Any  # vLLM's WeightTransferEngine's
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))
+        if torch.accelerator.is_available():  # the base class syncs unconditionally, which raises on CPU
+            torch.accelerator.synchronize()
+
+
+class GlooWeightTransferEngine(LayerwiseReceiver, WeightTransferEngine[GlooInitInfo, GlooUpdateInfo]):
     """The worker side (see the module docstring)."""
 
     init_info_cls = GlooInitInfo
@@ -156,21 +182,6 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         logger.info(
             "joined weight-transfer group %s as rank %d of %d", init_info.group_name, rank, init_info.world_size
         )
-
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info))
-        if torch.accelerator.is_available():  # the base class syncs unconditionally, which raises on CPU
-            torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None or self.info is None:

@@ -35,7 +35,6 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from vllm.distributed.weight_transfer.base import (
     WeightTransferEngine,
     WeightTransferInitInfo,
@@ -44,6 +43,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from fleetrl.services.inference.vllm_worker import WeightSwapExtension
+from fleetrl.weights.vllm_gloo import LayerwiseReceiver
 
 __all__ = ["BACKEND", "LocalEngineClient", "StreamWeightTransferEngine", "WeightSwapExtension", "register"]
 
@@ -76,7 +76,7 @@ class StreamUpdateInfo(WeightTransferUpdateInfo):
     engine_update: dict[str, Any] | None = None
 
 
-class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpdateInfo]):
+class StreamWeightTransferEngine(LayerwiseReceiver, WeightTransferEngine[StreamInitInfo, StreamUpdateInfo]):
     """The worker side of the "fleetrl_zmq" backend (see the module docstring)."""
 
     init_info_cls = StreamInitInfo
@@ -97,21 +97,6 @@ class StreamWeightTransferEngine(WeightTransferEngine[StreamInitInfo, StreamUpda
         )
         inner.init_transfer_engine(inner.parse_init_info(init_info.engine_init or {}))
         self.inner = inner
-
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info))
-        if torch.accelerator.is_available():  # the base class syncs unconditionally, which raises on CPU
-            torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: StreamUpdateInfo) -> None:
         from fleetrl.services.inference.vllm_worker import fetch_checked, take_staged
