@@ -4,29 +4,16 @@ the check is that every sample was scored there and the run finished, not that i
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.integration.up.conftest import REPO, read_metrics
+from tests.integration.examples.own_data_up import up_own_example
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_the_code_task_trains_with_rewards_from_the_sandbox(tiny_model_dir, tmp_path):
-    sets = {"base_model": tiny_model_dir, "log_path": str(tmp_path / "run"), "max_steps": 2}
-    overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    result = subprocess.run(
-        [sys.executable, "-m", "fleetrl", "up", str(REPO / "examples/code_task/run.toml"), *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
-    metrics = [m for m in read_metrics(tmp_path / "run") if "data/samples" in m]
+    sets = {"base_model": tiny_model_dir, "max_steps": 2}
+    metrics = up_own_example("code_task", tmp_path / "run", sets)
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:  # every sample went through the sandbox: its metrics are the reward function's
         assert 0.0 <= m["env/all/tests_passed"] <= 3.0 and "env/all/sandbox_stopped" in m

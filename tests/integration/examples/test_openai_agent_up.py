@@ -13,6 +13,7 @@ import tomllib
 
 import pytest
 
+from tests.integration.examples.own_data_up import assert_trained_what_was_generated, up_own_example
 from tests.integration.up.conftest import REPO, read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -23,22 +24,11 @@ def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model
     record = tmp_path / "sessions.jsonl"
     sets = {
         "base_model": tiny_model_dir,
-        "log_path": str(tmp_path / "run"),
         "max_steps": 2,
         "max_head_offpolicy_versions": 0,
     }
-    overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
     extras = f"record_path = {json.dumps(str(record))}, max_turns = 3, exact_history = {str(exact_history).lower()}"
-    overrides += ["--set", f"rollout_extras={{{extras}}}"]
-    result = subprocess.run(
-        [sys.executable, "-m", "fleetrl", "up", str(REPO / "examples/openai_agent/run.toml"), *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
-    metrics = [m for m in read_metrics(tmp_path / "run") if "data/samples" in m]
+    metrics = up_own_example("openai_agent", tmp_path / "run", sets, extras)
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
         assert m["env/all/session_turns"] >= 2.0  # multi-turn: the agent asks again at least once
@@ -50,17 +40,7 @@ def test_the_openai_agent_trains_on_exactly_what_the_server_generated(tiny_model
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert len(lines) >= 16
     for line in lines:
-        turns = line["turns"]
-        generated = [(t, lp) for u in turns for t, lp in zip(u["completion_token_ids"], u["logprobs"], strict=True)]
-        trained = [
-            (t, lp)
-            for s in line["samples"]
-            for t, lp, m in zip(s["tokens"], s["logprobs"], s["loss_mask"], strict=True)
-            if m
-        ]
-        assert trained == generated
-        first_prompt = turns[0]["prompt_token_ids"]
-        assert line["samples"][0]["tokens"][: len(first_prompt)] == first_prompt
+        assert_trained_what_was_generated(line)
 
 
 @pytest.mark.vllm

@@ -7,13 +7,11 @@ model gets a turn right 1 time in ~500, so here they are nearly all 0.)"""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.integration.up.conftest import REPO, read_metrics
+from tests.integration.examples.own_data_up import up_own_example
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,20 +33,10 @@ def test_the_turns_of_each_episode_reach_the_trainer_service_and_train_apart(tin
     estimator.write_text(textwrap.dedent(ESTIMATOR.format(record=str(record))))
     sets = {
         "base_model": tiny_model_dir,
-        "log_path": str(tmp_path / "run"),
         "max_steps": 2,
         "advantage_estimator": f"{estimator}:estimate",
     }
-    overrides = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    result = subprocess.run(
-        [sys.executable, "-m", "fleetrl", "up", str(REPO / "examples/two_turn/run.toml"), *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
-    metrics = [m for m in read_metrics(tmp_path / "run") if "data/samples" in m]
+    metrics = up_own_example("two_turn", tmp_path / "run", sets)
     assert [m["step"] for m in metrics] == [1, 2]
     assert all("env/all/turn1_right" in m and "env/all/turn2_right" in m for m in metrics)
     # The steps' calls (groups of 8 members; the start-up trial calls have other shapes): two turns per member,
