@@ -2,6 +2,7 @@
 
     python bench/gpu_check_prepare.py            # download into .gpu_wheels/, check the size, print the command
     python bench/gpu_check_prepare.py --print    # only print the command (no download)
+    python bench/gpu_check_prepare.py --scale    # the same for bench/scale_check.py (issue 41): Liger carried too
 
 The GPU machines lent to this project (docs/benchmarks.md "GPU check") have Python 3.12 with torch, transformers,
 safetensors, xxhash, prometheus-client, peft, numpy, rich, tokenizers, pyarrow, pandas, huggingface-hub and grpcio,
@@ -59,6 +60,11 @@ WHEELS = (
     "uvicorn",
     "annotated-doc",
 )
+# What bench/scale_check.py needs beyond that (--scale): Liger's kernels for item 1 (pure Python; Triton is there),
+# pinned to the project's `liger` extra (not installed on this CPU machine).
+SCALE_WHEELS = ("liger-kernel",)
+SCALE_SCRIPT = "scale_check"
+SCALE_BUDGET_S = 450  # of the script's 480 s at most: the install before it and the machine's start-up need the rest
 # fleetrl's requirements the GPU machine has (its package list, docs/benchmarks.md) and that are not carried.
 DEVICE_HAS = (
     "torch",
@@ -73,18 +79,32 @@ DEVICE_HAS = (
 )
 
 
-def pinned() -> list[str]:
-    """NAME==VERSION of every wheel to carry, at the versions installed here."""
+def pinned(scale: bool = False) -> list[str]:
+    """NAME==VERSION of every wheel to carry, at the versions installed here (with `scale`, SCALE_WHEELS too, at the
+    versions pyproject.toml's extras pin)."""
     out = []
     for name in WHEELS:
         try:
             out.append(f"{name}=={importlib.metadata.version(name)}")
         except importlib.metadata.PackageNotFoundError:
             raise SystemExit(f"{name} is not installed here: install fleetrl first (bash scripts/install.sh)") from None
+    if scale:
+        out += [extra_pin(name) for name in SCALE_WHEELS]
     return out
 
 
-def download(folder: Path, python_version: str) -> None:
+def extra_pin(name: str) -> str:
+    """`name`'s NAME==VERSION in pyproject.toml's optional dependencies; SystemExit when no extra pins it."""
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for requirement in (r for group in extras.values() for r in group):
+        if requirement.split("==")[0].strip().lower() == name and "==" in requirement:
+            return requirement.split(";")[0].strip()
+    raise SystemExit(f"no extra in pyproject.toml pins {name} (NAME==VERSION)")
+
+
+def download(folder: Path, python_version: str, scale: bool = False) -> None:
     """The wheels of WHEELS for `python_version` into `folder`, and nothing else there: a wheel left from another run
     (another version, or another Python's build) would stop the install on the GPU machine."""
     folder.mkdir(exist_ok=True)
@@ -93,7 +113,7 @@ def download(folder: Path, python_version: str) -> None:
     argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
     argv += ["--python-version", python_version, "--implementation", "cp"]
     argv += [a for p in PLATFORMS for a in ("--platform", p)]
-    argv += ["-d", str(folder), *pinned()]
+    argv += ["-d", str(folder), *pinned(scale)]
     subprocess.run(argv, check=True, timeout=600)
 
 
@@ -113,25 +133,33 @@ def travelling_bytes() -> int:
     return total
 
 
-def device_command(budget_s: int = 480) -> str:
-    """The one shell command for the device tool's `run` (with carry = [".gpu_wheels"], timeout_s = 600)."""
+def device_command(budget_s: int = 480, script: str = "gpu_check", flags: str = "") -> str:
+    """The one shell command for the device tool's `run` (with carry = [".gpu_wheels"], timeout_s = 600): install the
+    wheels and fleetrl, then run bench/`script`.py with `flags` and the budget, its output also in $OUT."""
     return (
         "set -o pipefail; "
         f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "
         f"{WHEEL_DIR}/*.whl && export PYTHONPATH=/tmp/site && "
         "python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 3; "
-        f"PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --out $OUT --budget-s {budget_s} 2>&1 | tee $OUT/gpu_check.log"
+        f"PYTHONUNBUFFERED=1 python3 bench/{script}.py --out $OUT {flags}--budget-s {budget_s} 2>&1 | "
+        f"tee $OUT/{script}.log"
     )
+
+
+def scale_command() -> str:
+    """bench/scale_check.py's command: every item runs (--keep-going) within SCALE_BUDGET_S."""
+    return device_command(SCALE_BUDGET_S, SCALE_SCRIPT, "--keep-going ")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--print", action="store_true", help="only print the command")
     parser.add_argument("--python-version", default=PYTHON_VERSION, help="the GPU machine's Python (default 3.12)")
+    parser.add_argument("--scale", action="store_true", help="for bench/scale_check.py: Liger too, its command")
     args = parser.parse_args(argv)
     if not args.print:
         folder = REPO / WHEEL_DIR
-        download(folder, args.python_version)
+        download(folder, args.python_version, args.scale)
         wheels = sorted(folder.glob("*.whl"))
         wheel_bytes = sum(w.stat().st_size for w in wheels)
         tree = travelling_bytes()
@@ -146,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             print("too much would travel: ignore or remove large untracked files first", file=sys.stderr)
             return 1
     print(f'\ndevice run: carry = ["{WHEEL_DIR}"], timeout_s = 600, command:\n')
-    print(device_command())
+    print(scale_command() if args.scale else device_command())
     return 0
 
 

@@ -1141,13 +1141,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     dry = args.dry_run
-    if not dry and not torch.cuda.is_available():
-        print("scale_check: no CUDA device; use --dry-run for the CPU mode", file=sys.stderr)
-        return 2
     try:
         budget = check_budget(args.budget_s or (600.0 if dry else MAX_GPU_BUDGET_S), dry)
     except ValueError as exc:
         print(f"scale_check: {exc}", file=sys.stderr)
+        return 2
+    if not dry and not torch.cuda.is_available():
+        print("scale_check: no CUDA device; use --dry-run for the CPU mode", file=sys.stderr)
         return 2
     sizes = DRY if dry else GPU
     only = {int(x) for x in args.only.split(",")} if args.only else None
