@@ -285,11 +285,13 @@ class Config(BaseModel):
         description="How a version reaches the replicas: 'direct' (each fetches from the trainer), 'chain' (the "
         "trainer sends one copy, each replica relays it to the next) or 'tree' (relayed, each to two).",
     )
-    weight_transport: Literal["zmq", "collective"] = Field(
+    weight_transport: Literal["zmq", "collective", "engine"] = Field(
         "zmq",
-        description="How a pushed version's bytes move: 'zmq' (each replica fetches over the weight stream) or "
+        description="How a pushed version's bytes move: 'zmq' (each replica fetches over the weight stream), "
         "'collective' (the trainer broadcasts it to the replicas in one torch.distributed group per push; gloo on "
-        "CPU; a replica that cannot join fetches it over ZeroMQ). Needs weight_fanout 'direct'.",
+        "CPU; a replica that cannot join fetches it over ZeroMQ) or 'engine' (the trainer sends it through vLLM's "
+        "weight-transfer engine API into one group built once and rebuilt when a replica joins, leaves or fails; "
+        "the weight stream as fallback; vllm replicas only, full fine-tuning). Needs weight_fanout 'direct'.",
     )
     collective_backend: Literal["auto", "gloo", "nccl"] = Field(
         "auto",
@@ -422,10 +424,15 @@ class Config(BaseModel):
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
         g = self.completions_per_prompt
-        if self.weight_transport == "collective" and self.weight_fanout != "direct":
+        if self.weight_transport in ("collective", "engine") and self.weight_fanout != "direct":
             raise ValueError(
-                f"weight_transport 'collective' needs weight_fanout 'direct' (got {self.weight_fanout!r}): the "
-                "trainer broadcasts to every replica itself, relays do not take part"
+                f"weight_transport {self.weight_transport!r} needs weight_fanout 'direct' (got "
+                f"{self.weight_fanout!r}): the trainer sends to every replica itself, relays do not take part"
+            )
+        if self.weight_transport == "engine" and self.lora_rank > 0:
+            raise ValueError(
+                "weight_transport 'engine' needs full fine-tuning (lora_rank = 0): a LoRA adapter travels over the "
+                "weight stream; set weight_transport 'zmq'"
             )
         if g < 2:
             raise ValueError(f"completions_per_prompt must be >= 2 for group advantages, got {g}")

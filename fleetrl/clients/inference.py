@@ -81,9 +81,10 @@ class InferenceClient:
         )
         return (await self._stub.EngineUpdate(msg, timeout=timeout_s + 10.0)).loaded_version
 
-    async def finish_engine_update(self, version: int, *, timeout_s: float = 120.0) -> int:
-        """FinishEngineUpdate: label new tokens `version` and resume generation; the version now served."""
-        msg = inference_pb2.FinishEngineUpdateRequest(version=version)
+    async def finish_engine_update(self, version: int, *, timeout_s: float = 120.0, abort: bool = False) -> int:
+        """FinishEngineUpdate: label new tokens `version` and resume generation; the version now served. `abort`:
+        nothing was sent, end the update keeping the version served before."""
+        msg = inference_pb2.FinishEngineUpdateRequest(version=version, abort=abort)
         return (await self._stub.FinishEngineUpdate(msg, timeout=timeout_s)).loaded_version
 
     async def close(self) -> None:

@@ -45,5 +45,9 @@ class RemoteEngineClient:
             raise ValueError("finish_weight_update: weight_version is required (the version the replica received)")
         self._run(self.client.finish_engine_update(int(weight_version), timeout_s=self.timeout_s))
 
+    def abort_weight_update(self) -> None:
+        """End an update through which nothing was sent (fleetrl's addition to vLLM's four calls)."""
+        self._run(self.client.finish_engine_update(0, timeout_s=self.timeout_s, abort=True))
+
     def _run(self, coroutine: Coroutine[Any, Any, int]) -> int:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(self.timeout_s + 20.0)

@@ -61,6 +61,7 @@ from fleetrl.up.start_checks import (
     check_model_folder,
     check_process_environment,
     check_run_environment,
+    check_weight_transport,
 )
 from fleetrl.up.supervisor import Child, ServiceFailed, Supervisor, log_tail, torchrun_argv
 
@@ -823,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run, up, run_sets = load_run_and_up(args.config, args.set)
         check_process_environment(os.environ, up.auth_token)  # what every service reads as it starts
+        check_weight_transport(run, up)  # run.weight_transport "engine": vllm replicas, one trainer rank, CPU
         if not run.base_model and up.controller_address is None:
             raise ConfigError("run.base_model: the model to train is required")
         if up.controller_address is None:

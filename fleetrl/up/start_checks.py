@@ -7,6 +7,7 @@ wrong, so `fleetrl up` exits 2 before any service starts (issue 45, item 7).
     check_custom_loss(run, config_dir)
     check_run_environment(run, config_dir)
     check_process_environment(os.environ, up.auth_token)
+    check_weight_transport(run, up)
 
 The dataset, the rollout and its hooks, the advantage estimator and the teacher's tokenizer are checked in
 fleetrl.up.run.
@@ -167,6 +168,7 @@ def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: A
     object), and, unless the run only attaches gateways to a running controller, the teacher's and the judge's
     folders and a custom loss; the run's environment always (the gateways load it)."""
     check_process_environment(os.environ, up.auth_token)
+    check_weight_transport(run, up)
     if callable(rollout_factory):
         check_factory_signature("rollout_fn_factory", up.rollout, rollout_factory)
     if up.controller_address is None:
@@ -174,6 +176,34 @@ def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: A
         check_model_folder(up.judge_model, "judge_model")
         check_custom_loss(run, config_dir)
     check_run_environment(run, config_dir)
+
+
+def check_weight_transport(run: Config, up: UpConfig) -> None:
+    """``run.weight_transport = "engine"`` (fleetrl.weights.engine_push) is built for what can run here: vLLM
+    replicas, one trainer rank and one worker per replica, all on CPU (the "fleetrl_gloo" engine). Any other layout
+    is refused, naming the field, instead of silently loading over the weight stream."""
+    if run.weight_transport != "engine":
+        return
+    if up.engine != "vllm":
+        raise ConfigError(
+            "run.weight_transport: 'engine' drives vLLM's weight-transfer engines and needs up.engine = 'vllm' (hf "
+            "replicas load over the weight stream: weight_transport 'zmq')"
+        )
+    if up.trainer_ranks > 1:
+        raise ConfigError(
+            f"up.trainer_procs: weight_transport 'engine' runs with one trainer rank for now (has {up.trainer_ranks}); "
+            "use weight_transport 'zmq' at world size > 1"
+        )
+    if up.inference_tensor_parallel_size > 1:
+        raise ConfigError(
+            "up.inference_tensor_parallel_size: weight_transport 'engine' drives one worker per replica for now; "
+            "use weight_transport 'zmq' with tensor-parallel replicas"
+        )
+    if up.trainer_on_cuda or up.inference_gpus is not None:
+        raise ConfigError(
+            "run.weight_transport: 'engine' on GPUs (vLLM's nccl / nccl_m2n / ipc engines) is not built yet; on "
+            "CPU it runs the fleetrl_gloo engine. Use weight_transport 'zmq' or 'collective' on GPUs"
+        )
 
 
 def check_factory_signature(field: str, spec: str, factory: Any) -> None:

@@ -137,10 +137,12 @@ class EngineUpdateRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., update_info_json: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class FinishEngineUpdateRequest(_message.Message):
-    __slots__ = ("version",)
+    __slots__ = ("version", "abort")
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
     version: int
-    def __init__(self, version: _Optional[int] = ...) -> None: ...
+    abort: bool
+    def __init__(self, version: _Optional[int] = ..., abort: _Optional[bool] = ...) -> None: ...
 
 class EngineCallResponse(_message.Message):
     __slots__ = ("loaded_version",)

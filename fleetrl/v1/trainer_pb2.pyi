@@ -6,6 +6,46 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class EngineReplica(_message.Message):
+    __slots__ = ("name", "address", "workers")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    workers: int
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
+
+class PushEngineRequest(_message.Message):
+    __slots__ = ("version", "replicas")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    replicas: _containers.RepeatedCompositeFieldContainer[EngineReplica]
+    def __init__(self, version: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[EngineReplica, _Mapping]]] = ...) -> None: ...
+
+class PushEngineResponse(_message.Message):
+    __slots__ = ("version", "engine", "stream", "failed", "error", "builds", "fallbacks", "engine_name", "push_s")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BUILDS_FIELD_NUMBER: _ClassVar[int]
+    FALLBACKS_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_NAME_FIELD_NUMBER: _ClassVar[int]
+    PUSH_S_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    engine: _containers.RepeatedScalarFieldContainer[str]
+    stream: _containers.RepeatedScalarFieldContainer[str]
+    failed: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    builds: int
+    fallbacks: int
+    engine_name: str
+    push_s: float
+    def __init__(self, version: _Optional[int] = ..., engine: _Optional[_Iterable[str]] = ..., stream: _Optional[_Iterable[str]] = ..., failed: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ..., builds: _Optional[int] = ..., fallbacks: _Optional[int] = ..., engine_name: _Optional[str] = ..., push_s: _Optional[float] = ...) -> None: ...
+
 class GroupRef(_message.Message):
     __slots__ = ("row_id", "attempt", "lease_tag")
     ROW_ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class TrainerStub:
                 request_serializer=fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusRequest.SerializeToString,
                 response_deserializer=fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusResponse.FromString,
                 _registered_method=True)
+        self.PushEngine = channel.unary_unary(
+                '/fleetrl.v1.Trainer/PushEngine',
+                request_serializer=fleetrl_dot_v1_dot_trainer__pb2.PushEngineRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_v1_dot_trainer__pb2.PushEngineResponse.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -100,6 +105,16 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushEngine(self, request, context):
+        """run.weight_transport "engine": bring the published `version` to `replicas` through the trainer's
+        weight-transfer engine group (built once, rebuilt when a replica joins, leaves or fails; the trainer is its
+        rank 0) and over the weight stream where the group cannot (fleetrl/weights/engine_push.py). Replies once every
+        replica named loaded it or failed; FAILED_PRECONDITION when the trainer does not run that transport.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -127,6 +142,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusRequest.FromString,
                     response_serializer=fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusResponse.SerializeToString,
+            ),
+            'PushEngine': grpc.unary_unary_rpc_method_handler(
+                    servicer.PushEngine,
+                    request_deserializer=fleetrl_dot_v1_dot_trainer__pb2.PushEngineRequest.FromString,
+                    response_serializer=fleetrl_dot_v1_dot_trainer__pb2.PushEngineResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -264,6 +284,33 @@ class Trainer:
             '/fleetrl.v1.Trainer/Status',
             fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusRequest.SerializeToString,
             fleetrl_dot_v1_dot_trainer__pb2.TrainerStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushEngine(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.v1.Trainer/PushEngine',
+            fleetrl_dot_v1_dot_trainer__pb2.PushEngineRequest.SerializeToString,
+            fleetrl_dot_v1_dot_trainer__pb2.PushEngineResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ from typing import Protocol
 __all__ = [
     "ENGINES",
     "EngineLayout",
+    "EnginePushCounts",
     "EngineSync",
     "EngineTransport",
     "PushOutcome",
@@ -215,3 +216,43 @@ class EngineSync:
                 self.transport.teardown()
             except Exception:  # teardown of a broken group
                 logger.debug("engine group teardown failed", exc_info=True)
+
+
+@dataclass
+class EnginePushCounts:
+    """A run's figures of the engine path, as the controller sees the trainer's PushEngine replies (its metrics
+    line: `figures`). `builds` and `fallbacks` are the trainer's running totals; the replica counts are those of
+    the last version pushed."""
+
+    builds: int = 0
+    fallbacks: int = 0
+    call_failures: int = 0  # PushEngine calls that failed outright (every replica loaded over the stream)
+    version: int = -1  # the last version pushed
+    engine_replicas: int = 0
+    stream_replicas: int = 0
+    failed_replicas: int = 0
+
+    def pushed(self, reply: object) -> None:
+        """A PushEngine reply (anything with version, builds, fallbacks, engine, stream, failed)."""
+        self.builds = int(getattr(reply, "builds", 0))
+        self.fallbacks = int(getattr(reply, "fallbacks", 0))
+        self.version = int(getattr(reply, "version", -1))
+        self.engine_replicas = len(getattr(reply, "engine", ()))
+        self.stream_replicas = len(getattr(reply, "stream", ()))
+        self.failed_replicas = len(getattr(reply, "failed", ()))
+
+    def call_failed(self, version: int) -> None:
+        self.call_failures += 1
+        self.version = version
+        self.engine_replicas = self.stream_replicas = self.failed_replicas = 0
+
+    def figures(self) -> dict[str, int]:
+        return {
+            "weights/engine_builds": self.builds,
+            "weights/engine_fallbacks": self.fallbacks,
+            "weights/engine_call_failures": self.call_failures,
+            "weights/engine_version": self.version,
+            "weights/engine_replicas": self.engine_replicas,
+            "weights/stream_replicas": self.stream_replicas,
+            "weights/engine_failed_replicas": self.failed_replicas,
+        }

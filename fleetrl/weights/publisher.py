@@ -182,6 +182,23 @@ class WeightPublisher(WeightStreamServer):
                 return self._staging.nbytes
         return 0
 
+    def version_tensors(self, version: int, timeout_s: float = _STAGE_TIMEOUT_S) -> dict[str, torch.Tensor]:
+        """The served tensors of `version` (the served dtype and shape: the bytes the stream serves), waiting up to
+        `timeout_s` for it to finish staging; KeyError when this publisher does not hold it. Holding them keeps
+        their buffers from being reused (ServedBuffers) until the caller drops them: a weight-transfer engine
+        sends a version from here while the trainer trains the next (fleetrl.weights.engine_push)."""
+        with self._lock:
+            staged = self._staged if version == self._staging_version else None
+        if staged is not None:
+            staged.result(timeout=timeout_s)  # raises what the staging raised
+        with self._lock:
+            snapshot = self._versions.get(version)
+            available = list(self._versions)
+        if snapshot is None:
+            raise KeyError(f"weight version {version} is not held by the publisher (it has {available})")
+        names = [spec.name for spec in snapshot.manifest.tensors]
+        return dict(zip(names, snapshot.tensors, strict=True))
+
     def snapshot_counts(self) -> dict[str, int]:
         """A copy of the request counters."""
         return dict(self.counts)

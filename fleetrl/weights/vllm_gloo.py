@@ -291,8 +291,13 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         tensors = iter(source)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetrl-engine-update")
         future: Any = None
+        started: list[str] = []  # the replicas whose update started, when starting it failed on others
         try:
-            self.client.start_weight_update()
+            try:
+                self.client.start_weight_update()
+            except FanoutError as exc:
+                started = exc.succeeded
+                raise
             future = pool.submit(self.client.update_weights, asdict(update))
             for bucket in plan_buckets(metas, self.info.bucket_bytes):
                 fulls = [next(tensors)[1] for _ in bucket.indices]
@@ -312,6 +317,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             for _, full in tensors:
                 del full
             served = self._finish_where_received(future)
+            if future is None and started:
+                self._abort_where_started(started)
             message = f"weights version {self.version} through the engine group: {exc}"
             raise EngineTransferFailed(message, served) from exc
         finally:
@@ -323,6 +330,17 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             source.total_bytes / 1e6,
             time.perf_counter() - started,
         )
+
+    def _abort_where_started(self, started: list[str]) -> None:
+        """Starting the update failed on some replicas: those where it started are paused and hold their load lock
+        with nothing sent; ending it there at once frees them for the stream load (else they would wait out their
+        engine_update_lease_s)."""
+        if not isinstance(self.client, FanoutClient):
+            return
+        try:
+            self.client.only(started).abort_weight_update()
+        except FanoutError as exc:  # they end it themselves after their lease
+            logger.warning("ending the started update failed on %s", ", ".join(exc.failed))
 
     def _finish_where_received(self, update: Any) -> list[str]:
         """After a failed transfer: the replicas whose ``update_weights`` succeeded (a `FanoutClient` says which),
@@ -371,6 +389,10 @@ class FanoutClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._all(lambda name, c: c.finish_weight_update(weight_version))
+
+    def abort_weight_update(self) -> None:
+        """End the update on every replica, nothing having been sent (fleetrl's addition to vLLM's calls)."""
+        self._all(lambda name, c: c.abort_weight_update())
 
     def only(self, names: list[str]) -> FanoutClient:
         """The same client over `names` alone."""

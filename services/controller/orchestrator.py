@@ -45,6 +45,7 @@ from fleetrl.step_metrics import done_fraction
 from fleetrl.trackers import TrackerSet
 from fleetrl.trackers.jsonl import SAMPLES_FILE, JsonlTracker
 from fleetrl.v1 import inference_pb2, inference_pb2_grpc, trainer_pb2, trainer_pb2_grpc
+from fleetrl.weights.engine_sync import EnginePushCounts
 from fleetrl.weights.timeouts import push_deadline_s
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class Orchestrator:
         self._push_task: asyncio.Task[None] | None = None
         self.push_wait_s = 0.0  # seconds the loop waited for pushes since the last step began
         self._ended_pushes: list[tuple[float, float]] = []  # (fetch, swap) of the pushes ended since the last line
+        self.engine_stats = EnginePushCounts()  # weight_transport "engine": the trainer's PushEngine replies
 
     @property
     def pushed_version(self) -> int:
@@ -646,9 +648,28 @@ class Orchestrator:
         push = self.fleet.start_push(version, source, self.clock())
         # weight_transport "collective": the trainer broadcasts to all of them in one group (fleetrl.weights.collective)
         group_replicas = len(push.loads) if self.run_cfg.weight_transport == "collective" else 0
+        # weight_transport "engine": the trainer brings them all to the version through its engine group in one
+        # PushEngine call (fleetrl.weights.engine_push); each load below reports its replica's part of the outcome.
+        engine_push = None
+        if self.run_cfg.weight_transport == "engine" and push.loads:
+            engine_push = asyncio.ensure_future(self._push_engine(version, push.loads))
 
         async def load_one(load: Load) -> None:
             member = load.member
+            if engine_push is not None:
+                outcome = await asyncio.shield(engine_push)
+                if outcome is not None:  # else the call failed: this replica loads over the stream below
+                    if member.member_id in outcome.failed or member.member_id not in (
+                        *outcome.engine,
+                        *outcome.stream,
+                    ):
+                        reason = outcome.error or "the trainer could not bring it to the version"
+                        self.fleet.load_failed(load, "UNAVAILABLE", reason, self.clock(), push)
+                        return
+                    if self.fleet.load_succeeded(load, version):
+                        how = "the engine group" if member.member_id in outcome.engine else "the weight stream"
+                        log.info("replica %s loaded version %d through %s", member.member_id, version, how)
+                    return
             try:
                 reply, src = await self._load_weights(member, version, load.plan, group_replicas)
             except grpc.aio.AioRpcError as exc:
@@ -682,6 +703,8 @@ class Orchestrator:
                 pending.discard(task)
                 abandoned.append(task)
         await asyncio.gather(*abandoned, return_exceptions=True)
+        if engine_push is not None:
+            await engine_push  # returns (None on failure) once the trainer answered or its deadline passed
         for task in tasks:
             if not task.cancelled():
                 task.result()  # surface a bug in load_one()
@@ -690,6 +713,25 @@ class Orchestrator:
             raise RunFailed(failure)
         self.last_push_fetch_s, self.last_push_swap_s = slowest["fetch"], slowest["swap"]
         return self.clock() - t0
+
+    async def _push_engine(self, version: int, loads: list[Load]) -> trainer_pb2.PushEngineResponse | None:
+        """PushEngine(version) to the trainer for the replicas of `loads` (weight_transport "engine"); None when the
+        call failed (each replica then loads over the weight stream, one logged line): the engine path never
+        fails a push that the stream can carry."""
+        request = trainer_pb2.PushEngineRequest(
+            version=version,
+            replicas=[trainer_pb2.EngineReplica(name=ld.member.member_id, address=ld.member.address) for ld in loads],
+        )
+        deadline_s = push_deadline_s(self.weight_push_timeout_s, self.push_bytes) + 5
+        try:
+            reply = await self.trainer_stub().PushEngine(request, timeout=deadline_s)
+        except (grpc.aio.AioRpcError, RunFailed) as exc:
+            self.engine_stats.call_failed(version)
+            why = f"{exc.code().name}: {exc.details()}" if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            log.warning("PushEngine(%d) failed (%s): the replicas load it over the weight stream", version, why)
+            return None
+        self.engine_stats.pushed(reply)
+        return reply
 
     async def _load_weights(
         self, member: Member, version: int, plan: PushSource, group_replicas: int = 0
@@ -1003,6 +1045,8 @@ class Orchestrator:
             row_phases=self.row_phases.take_step(step.row_ids),
         )
         line["async/versions_superseded"] = self.pushes.superseded
+        if self.run_cfg.weight_transport == "engine":  # the engine group's builds, fallbacks, the last version's way
+            line.update(self.engine_stats.figures())
         cursor = self.scheduler.cursor
         if isinstance(cursor, MixtureCursor):  # per source: rows drawn, groups and mean reward in this step
             line.update(cursor.figures())

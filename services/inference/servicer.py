@@ -186,6 +186,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         engine = self._group_engine("finish_engine_update")
         if engine is None:
             await self._unimplemented(context, "FinishEngineUpdate")
+        if request.abort:
+            return await self._engine_call(context, "FinishEngineUpdate", engine.abort_engine_update())
         return await self._engine_call(context, "FinishEngineUpdate", engine.finish_engine_update(request.version))
 
     def _group_engine(self, method: str) -> Any:

@@ -783,8 +783,32 @@ class VLLMEngine(InferenceEngine):
             await asyncio.wait_for(llm.finish_weight_update(str(version)), _RPC_TIMEOUT_S)
             self.loaded_version, self.loaded_checksum = version, f"engine:{version}"
             self._broken = None
+            logger.info("serving weights version %d, received through the engine group", version)
         finally:
             await llm.resume_generation()
+            self._load_lock.release()
+
+    async def abort_engine_update(self) -> None:
+        """End an update the trainer gave up before sending (its transfer failed before the first bucket, e.g.
+        another replica of the group did not answer StartEngineUpdate) as the lease would, but at once: vLLM's
+        layerwise reload is finished with the current weights in place (or, had the whole of a version arrived,
+        with that version, labelled so), generation resumes and the load lock is released."""
+        llm = self._started()
+        session = self._claim_engine_update("abort_engine_update")
+        self._engine_update = None
+        try:
+            label = None if session.received is None else str(session.received)
+            await asyncio.wait_for(llm.finish_weight_update(label), _RPC_TIMEOUT_S)
+            if session.received is not None:
+                self.loaded_version, self.loaded_checksum = session.received, f"engine:{session.received}"
+            logger.info("engine-group update ended by the trainer: serving version %d", self.loaded_version)
+        except Exception as exc:  # the replica must not stay paused, whatever failed
+            self._broken = f"ending an engine-group update failed ({exc!r}); weights inconsistent"
+            logger.error(self._broken)
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await llm.resume_generation()
             self._load_lock.release()
 
     def _claim_engine_update(self, call: str) -> _EngineUpdateSession:

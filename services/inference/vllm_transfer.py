@@ -187,6 +187,9 @@ class LocalEngineClient:
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self._run(self.engine.finish_engine_update(int(weight_version or -1)))
 
+    def abort_weight_update(self) -> None:
+        self._run(self.engine.abort_engine_update())
+
     def _run(self, coroutine: Any) -> Any:
         import asyncio
 

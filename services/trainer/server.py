@@ -115,8 +115,12 @@ class TrainerService(Service):
     """Called with v each time version v is on the weight stream (the controller's seam)."""
     auto_steps: AutoSteps | None = None
     """The step coordinator of --auto-steps, once started."""
+    engine_pusher: Any = None
+    """run.weight_transport "engine": the trainer's end of the engine group (fleetrl.weights.engine_push), made at
+    the first PushEngine call."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _engine_lock: threading.Lock = field(default_factory=threading.Lock)
     _record_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -128,6 +132,24 @@ class TrainerService(Service):
         return advertised_endpoint(self.publisher.address, self.config.advertise_host)
 
     # -- blocking operations (worker threads, one at a time) ---------------------------------
+
+    def push_engine(self, version: int, targets: list[Any]) -> Any:
+        """PushEngine: `version` (published) to `targets` through the engine group (an EnginePushResult).
+        RuntimeError when this run's weight_transport is not "engine"; KeyError for a version not published."""
+        if self.config.run.weight_transport != "engine":
+            raise RuntimeError(f"run.weight_transport is {self.config.run.weight_transport!r}, not 'engine'")
+        with self._engine_lock:
+            if self.engine_pusher is None:
+                from fleetrl.weights.engine_push import EnginePusher
+
+                self.engine_pusher = EnginePusher(
+                    self.publisher.version_tensors,
+                    self.weights_address,
+                    auth_token=resolve_auth_token(self.config.auth_token),
+                    host=self.config.advertise_host or self.config.host,
+                    trainer_device="cuda" if self.config.device.startswith("cuda") else "cpu",
+                )
+        return self.engine_pusher.push(version, targets)
 
     def train_step(
         self,
@@ -293,6 +315,8 @@ class TrainerService(Service):
         if self.auto_steps is not None:
             await asyncio.to_thread(self.auto_steps.join, 30.0)
         self.receiver.stop()
+        if self.engine_pusher is not None:
+            await asyncio.to_thread(self.engine_pusher.close)
         self.publisher.close()
         with self._lock:
             self.trainer.stop_followers()

@@ -127,6 +127,34 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
             checkpoint_path=str(ckpt), export_path=str(export), version=self._service.trainer.version
         )
 
+    async def PushEngine(
+        self, request: trainer_pb2.PushEngineRequest, context: grpc.aio.ServicerContext
+    ) -> trainer_pb2.PushEngineResponse:
+        from fleetrl.weights.engine_push import EngineTarget
+
+        targets = [EngineTarget(r.name, r.address, r.workers or 1) for r in request.replicas]
+        if not targets or any(not t.name or not t.address or t.workers < 1 for t in targets):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushEngine: every replica needs a name, an address")
+        try:
+            result = await asyncio.to_thread(self._service.push_engine, request.version, targets)
+        except (RuntimeError, KeyError) as exc:  # not this run's transport; a version not published
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"PushEngine({request.version}): {exc}")
+        except Exception as exc:  # report it; the controller loads the version over the stream instead
+            logger.exception("PushEngine(%d) failed", request.version)
+            await context.abort(grpc.StatusCode.INTERNAL, f"PushEngine({request.version}) failed: {exc!r}")
+        outcome = result.outcome
+        return trainer_pb2.PushEngineResponse(
+            version=outcome.version,
+            engine=outcome.engine,
+            stream=outcome.stream,
+            failed=outcome.failed,
+            error=outcome.error,
+            builds=result.builds,
+            fallbacks=result.fallbacks,
+            engine_name=result.engine_name,
+            push_s=result.push_s,
+        )
+
     async def Status(
         self, request: trainer_pb2.TrainerStatusRequest, context: grpc.aio.ServicerContext
     ) -> trainer_pb2.TrainerStatusResponse:

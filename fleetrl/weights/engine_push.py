@@ -1,0 +1,206 @@
+"""The trainer's end of ``weight_transport = "engine"``: each pushed version into the vLLM replicas through one
+weight-transfer engine group, kept between pushes, with the weight stream as the fallback.
+
+The controller orders the pushes (it knows the fleet): the Trainer service's PushEngine call names the version
+and the replicas it must reach (services/controller/orchestrator.py). The trainer is rank 0 of the group and the
+one that sends, so the group lives here: `EnginePusher.push` brings the membership of its
+`fleetrl.weights.engine_sync.EngineSync` up to the replicas named (a new one, or one at a new address, joins; one
+no longer named leaves; the group is built again at that push), then lets it push the version: through the group
+(`fleetrl.weights.vllm_gloo.GlooEngineTransport`, vLLM's public ``WeightTransferTrainerFactory.trainer_init`` over
+each replica's gRPC engine calls, `fleetrl.clients.inference_engine.RemoteEngineClient`), and over the weight stream
+(the replica's LoadWeights from this trainer's publisher) where the group cannot be built, a transfer through it
+failed, or a replica is not in it. A replica that cannot load either way is reported failed (the controller fences
+it, as for a failed LoadWeights).
+
+The bytes sent are the published version's served tensors (`WeightPublisher.version_tensors`: the served dtype,
+the same bytes the stream serves), held for the transfer, so the trainer may train the next step meanwhile
+(overlapped pushes). The engine is chosen from the layout (`choose_engine`); only "fleetrl_gloo" (CPU trainer, CPU
+replicas) is driven here: the GPU engines need a GPU to be built and tested, and fleetrl up refuses that layout at
+start (fleetrl.up.start_checks.check_weight_transport).
+
+Transport only (threads, an event loop for the gRPC clients); every decision is EngineSync's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from fleetrl.weights.engine_sync import EngineLayout, EngineSync, PushOutcome, ReplicaInfo, choose_engine
+from fleetrl.weights.gather import ShardedWeights
+
+__all__ = ["EnginePushResult", "EnginePusher", "EngineTarget"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineTarget:
+    """A replica a push must reach: its member name, gRPC address and receiving workers."""
+
+    name: str
+    address: str
+    workers: int = 1
+
+
+@dataclass
+class EnginePushResult:
+    """One push: who loaded the version how (`outcome`), the engine, and the group's counters so far."""
+
+    outcome: PushOutcome
+    engine_name: str
+    builds: int
+    fallbacks: int
+    push_s: float
+
+
+class EnginePusher:
+    """See the module docstring. `tensors_of(version)`: the published version's served tensors;
+    `weights_address`: this trainer's weight stream (the fallback's source); `timeout_s`: each engine call and
+    broadcast; `load_timeout_s`: a stream load."""
+
+    def __init__(
+        self,
+        tensors_of: Callable[[int], Mapping[str, torch.Tensor]],
+        weights_address: str,
+        *,
+        auth_token: str | None = None,
+        host: str = "127.0.0.1",
+        trainer_device: str = "cpu",
+        timeout_s: float = 60.0,
+        load_timeout_s: float = 300.0,
+        bucket_bytes: int | None = None,
+    ) -> None:
+        self.engine_name = choose_engine(EngineLayout(trainer_device, "cpu"))
+        if self.engine_name != "fleetrl_gloo":
+            raise ValueError(
+                f"weight_transport 'engine': the {self.engine_name!r} engine is not driven by fleetrl up yet (only "
+                "fleetrl_gloo, trainer and replicas on CPU)"
+            )
+        from fleetrl.weights.vllm_gloo import DEFAULT_BUCKET_BYTES, GlooEngineTransport
+
+        class VersionTransport(GlooEngineTransport):
+            """GlooEngineTransport sending each version from its own source (set before the push)."""
+
+            def send(self, version: int) -> None:
+                if self.engine is not None:
+                    self.engine.source = self.source
+                super().send(version)
+
+        self.tensors_of = tensors_of
+        self.weights_address = weights_address
+        self.auth_token = auth_token
+        self.timeout_s = timeout_s
+        self.load_timeout_s = load_timeout_s
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fleetrl-engine-push", daemon=True)
+        self._thread.start()
+        self._clients: dict[str, Any] = {}  # name -> InferenceClient (gRPC, on self._loop)
+        self._engine_clients: dict[str, Any] = {}  # name -> RemoteEngineClient (the transport reads this dict)
+        self._addresses: dict[str, str] = {}
+        self.transport = VersionTransport(
+            self._engine_clients,
+            ShardedWeights({}),
+            self._stream_load,
+            host=host,
+            bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES,
+            timeout_s=timeout_s,
+        )
+        self.sync = EngineSync(self.transport)
+        self._lock = threading.Lock()  # one push at a time
+
+    def push(self, version: int, targets: Sequence[EngineTarget]) -> EnginePushResult:
+        """Bring every replica in `targets` to `version` (see the module docstring); blocks until each loaded it
+        or failed."""
+        with self._lock:
+            started = time.perf_counter()
+            self._follow_fleet(targets)
+            tensors = self.tensors_of(version)
+            self.transport.source = ShardedWeights(tensors)
+            try:
+                outcome = self.sync.push(version)
+            finally:
+                self.transport.source = ShardedWeights({})  # the version's buffers may be reused once sent
+                del tensors
+            result = EnginePushResult(
+                outcome, self.engine_name, self.sync.builds, self.sync.fallbacks, time.perf_counter() - started
+            )
+            logger.info(
+                "weights version %d: %d replicas through the %s group, %d over the stream, %d failed in %.2fs "
+                "(groups built %d, fallbacks %d)%s",
+                version,
+                len(outcome.engine),
+                self.engine_name,
+                len(outcome.stream),
+                len(outcome.failed),
+                result.push_s,
+                result.builds,
+                result.fallbacks,
+                f": {outcome.error}" if outcome.error else "",
+            )
+            return result
+
+    def close(self) -> None:
+        with self._lock:
+            self.sync.close()
+            for name in list(self._clients):
+                self._drop_client(name)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10.0)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _follow_fleet(self, targets: Sequence[EngineTarget]) -> None:
+        """The group's membership follows the replicas named: a new one (or one at a new address, or one the
+        last push dropped) joins, one not named leaves; either way the group is built again at this push."""
+        named = {t.name for t in targets}
+        for name in [n for n in self._addresses if n not in named]:
+            self.sync.leave(name)
+            self._drop_client(name)
+        for target in targets:
+            if self._addresses.get(target.name) == target.address and target.name in self.sync.replicas:
+                continue
+            if target.name in self._addresses:
+                self.sync.leave(target.name)
+                self._drop_client(target.name)
+            self._add_client(target)
+            self.sync.join(ReplicaInfo(target.name, target.workers))
+
+    def _add_client(self, target: EngineTarget) -> None:
+        from fleetrl.clients.inference import InferenceClient
+        from fleetrl.clients.inference_engine import RemoteEngineClient
+        from fleetrl.weights.vllm_gloo import BACKEND
+
+        async def open_client() -> InferenceClient:  # a grpc.aio channel belongs to the loop that opens it
+            return InferenceClient(target.address, auth_token=self.auth_token)
+
+        client = asyncio.run_coroutine_threadsafe(open_client(), self._loop).result(timeout=30.0)
+        self._clients[target.name] = client
+        self._engine_clients[target.name] = RemoteEngineClient(client, self._loop, BACKEND, self.timeout_s)
+        self._addresses[target.name] = target.address
+
+    def _drop_client(self, name: str) -> None:
+        self._addresses.pop(name, None)
+        self._engine_clients.pop(name, None)
+        client = self._clients.pop(name, None)
+        if client is not None:
+            future = asyncio.run_coroutine_threadsafe(client.close(), self._loop)
+            try:
+                future.result(timeout=10.0)
+            except Exception:  # a channel that cannot close cleanly is dropped anyway
+                logger.debug("closing the channel to replica %s failed", name, exc_info=True)
+
+    def _stream_load(self, name: str, version: int) -> None:
+        """The fallback: the replica loads `version` over the weight stream from this trainer (raises on failure)."""
+        client = self._clients[name]
+        coroutine = client.load_weights(version, self.weights_address, timeout_s=self.load_timeout_s)
+        result = asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=self.load_timeout_s + 30.0)
+        if result.version != version:
+            raise RuntimeError(f"replica {name} reports version {result.version} after loading {version}")

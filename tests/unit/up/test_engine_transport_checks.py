@@ -1,0 +1,52 @@
+"""`run.weight_transport = "engine"` (fleetrl.weights.engine_push) is started only where it is built: vLLM replicas,
+one trainer rank, one worker per replica, on CPU, full fine-tuning, direct fan-out. Anything else is refused by
+`fleetrl up` with exit 2 and one line naming the field, before any service starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetrl.up import run as up_run
+from tests.unit.up.test_start_checks import refused, set_fields, starts
+from tests.unit.up.test_up_config_checks import write_config
+
+ENGINE = {"weight_transport": "engine"}
+
+
+@pytest.mark.parametrize(
+    ("run", "up", "message"),
+    [
+        ({}, {"engine": "hf"}, "run.weight_transport: 'engine' drives vLLM's weight-transfer engines"),
+        ({}, {"engine": "vllm", "trainer_procs": 2}, "up.trainer_procs: weight_transport 'engine' runs with one"),
+        (
+            {},
+            {"engine": "vllm", "inference_tensor_parallel_size": 2},
+            "up.inference_tensor_parallel_size: weight_transport 'engine' drives one worker",
+        ),
+        ({}, {"engine": "vllm", "inference_gpus": [[0]]}, "run.weight_transport: 'engine' on GPUs"),
+        ({}, {"engine": "vllm", "trainer_gpus": [0]}, "run.weight_transport: 'engine' on GPUs"),
+    ],
+    ids=["hf-replicas", "two-trainer-ranks", "tensor-parallel", "replica-gpus", "trainer-gpus"],
+)
+def test_an_engine_transport_layout_not_built_is_refused_naming_the_field(
+    tmp_path, capsys, monkeypatch, run, up, message
+):
+    config = set_fields(write_config(tmp_path), {**ENGINE, **run}, up)
+    refused(config, capsys, monkeypatch, message)
+
+
+@pytest.mark.parametrize(
+    ("run", "field"),
+    [({"lora_rank": 8}, "lora_rank"), ({"weight_fanout": "chain"}, "weight_fanout")],
+    ids=["lora", "relayed"],
+)
+def test_an_engine_transport_with_lora_or_relays_is_refused_naming_the_field(tmp_path, capsys, monkeypatch, run, field):
+    config = set_fields(write_config(tmp_path), {**ENGINE, **run}, {"engine": "vllm"})
+    monkeypatch.setattr(up_run, "launch", lambda *a, **k: pytest.fail("services were started"))
+    assert up_run.main([str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "invalid config" in err and "weight_transport 'engine' needs" in err and field in err, err
+
+
+def test_an_engine_transport_with_vllm_replicas_on_cpu_starts(tmp_path, capsys, monkeypatch):
+    starts(set_fields(write_config(tmp_path), ENGINE, {"engine": "vllm", "replicas": 2}), capsys, monkeypatch)
