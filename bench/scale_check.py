@@ -459,9 +459,10 @@ def item_mfu(ctx: Ctx) -> None:
     layers = layers_that_fit(shape, device_bytes) if ctx.cuda else shape.layers
     peak = ctx.peak_flops
     peak_note = "H200 dense bf16 peak" if ctx.cuda else "a measured CPU fp32 matmul rate (dry run)"
+    widths = "Qwen3-8B widths" if ctx.cuda else "tiny stand-in"
     ctx.row(
         "shape",
-        f"Qwen3-8B widths (hidden {shape.hidden}, {shape.heads}/{shape.kv_heads} heads, MLP {shape.intermediate}, "
+        f"{widths} (hidden {shape.hidden}, {shape.heads}/{shape.kv_heads} heads, MLP {shape.intermediate}, "
         f"vocab {shape.vocab}), {layers} of {shape.layers} layers with fp32 AdamW state; MFU against {peak_note} "
         f"({(peak or 0) / 1e12:.3g} TFLOP/s); bf16 autocast" + ("" if ctx.cuda else " off on CPU"),
         layers=layers,
@@ -687,6 +688,8 @@ def item_receive(ctx: Ctx) -> None:
 
     s = ctx.sizes
     dev = ctx.torch_device
+    if ctx.cuda:
+        torch.cuda.set_device(dev)  # the group below binds NCCL to the current device (item 2 may not have run)
     dtype = torch.bfloat16 if ctx.cuda else torch.float32
     sender = build_model(s.w8, s.receive_layers, dev, dtype, seed=1)
     receiver = build_model(s.w8, s.receive_layers, dev, dtype, seed=2)
@@ -791,6 +794,7 @@ def item_failure(ctx: Ctx) -> None:
         "timeout_s": s.push_timeout_s,
         "workdir": str(ctx.workdir),
         "result": str(result_file),
+        "wait_s": max(5.0, ctx.remaining() - 12),  # the child writes its result before this item's limit
     }
     argv = [ctx.python, str(Path(__file__).resolve()), "--worker", "dead-receiver-push", "--spec", json.dumps(spec)]
     started = time.perf_counter()
@@ -838,6 +842,7 @@ def dead_receiver_push_worker(spec: dict[str, Any]) -> int:
     from fleetrl.weights.manifest import encode_manifest
     from fleetrl.weights.publisher import WeightPublisher
 
+    deadline = time.monotonic() + float(spec["wait_s"])
     device, timeout_s, workdir = spec["device"], float(spec["timeout_s"]), Path(spec["workdir"])
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
@@ -861,9 +866,12 @@ def dead_receiver_push_worker(spec: dict[str, Any]) -> int:
     manifest_file.write_bytes(encode_manifest(snapshot.manifest))
     receiver = {"offer": sender.offer("127.0.0.1").to_json(), "manifest": str(manifest_file)}
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "join-and-die", "--spec", json.dumps(receiver)]
-    code = gc.run_child(argv, workdir / "receiver5.log", timeout_s=4 * timeout_s)
+    code = gc.run_child(
+        argv, workdir / "receiver5.log", timeout_s=max(1.0, min(4 * timeout_s, deadline - time.monotonic()))
+    )
     died = time.perf_counter()
-    ended = sender.done.wait(6 * timeout_s)  # the push's own bound is timeout_s plus its bytes at the floor rate
+    # The push's own bound is timeout_s plus its bytes at the floor rate; past the deadline it counts as hung.
+    ended = sender.done.wait(max(0.5, deadline - time.monotonic()))
     gave_up = time.perf_counter() - died
     usable = bool(torch.ones(64, 64, device=device).sum().item() == 64 * 64)
     result = {
