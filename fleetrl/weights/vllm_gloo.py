@@ -291,12 +291,12 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
         tensors = iter(source)
         pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fleetrl-engine-update")
         future: Any = None
-        started: list[str] = []  # the replicas whose update started, when starting it failed on others
+        started_on: list[str] = []  # the replicas whose update started, when starting it failed on others
         try:
             try:
                 self.client.start_weight_update()
             except FanoutError as exc:
-                started = exc.succeeded
+                started_on = exc.succeeded
                 raise
             future = pool.submit(self.client.update_weights, asdict(update))
             for bucket in plan_buckets(metas, self.info.bucket_bytes):
@@ -317,8 +317,8 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
             for _, full in tensors:
                 del full
             served = self._finish_where_received(future)
-            if future is None and started:
-                self._abort_where_started(started)
+            if future is None and started_on:
+                self._abort_where_started(started_on)
             message = f"weights version {self.version} through the engine group: {exc}"
             raise EngineTransferFailed(message, served) from exc
         finally:
