@@ -84,26 +84,30 @@ def collate(datums: Sequence[Datum], pad_token_id: int = 0, pad_to: int | None =
     longest = max(len(d) for d in datums)
     width = max(longest, pad_to or 0)
     n = len(datums)
-    inputs = torch.full((n, width), pad_token_id, dtype=torch.long)
-    targets = torch.full((n, width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.float32)
-    rollout = torch.zeros((n, width), dtype=torch.float32)
-    attention = torch.zeros((n, width), dtype=torch.long)
-    for i, d in enumerate(datums):
-        k = len(d)
-        inputs[i, :k] = torch.tensor(d.input_tokens, dtype=torch.long)
-        targets[i, :k] = torch.tensor(d.target_tokens, dtype=torch.long)
-        mask[i, :k] = torch.tensor(d.weights, dtype=torch.float32)
-        rollout[i, :k] = torch.tensor(d.rollout_logprobs, dtype=torch.float32)
-        attention[i, :k] = 1
-    lengths = torch.tensor([len(d) for d in datums], dtype=torch.long)
+    lengths = [len(d) for d in datums]
+    for name in ("target_tokens", "weights", "rollout_logprobs"):
+        for i, d in enumerate(datums):
+            if len(getattr(d, name)) != lengths[i]:
+                got = len(getattr(d, name))
+                raise ValueError(f"collate: datum {i} has {got} {name} for {lengths[i]} input tokens")
+    # One tensor per field, from rows padded as lists (a tensor per datum and field before).
+    inputs = _padded([d.input_tokens for d in datums], width, pad_token_id, torch.long)
+    targets = _padded([d.target_tokens for d in datums], width, pad_token_id, torch.long)
+    mask = _padded([d.weights for d in datums], width, 0, torch.float32)
+    rollout = _padded([d.rollout_logprobs for d in datums], width, 0.0, torch.float32)
+    attention = _padded([[1] * k for k in lengths], width, 0, torch.long)
+    lengths_t = torch.tensor(lengths, dtype=torch.long)
     versions: torch.Tensor | None = None
     if any(d.versions is not None for d in datums):
         versions = torch.full((n, width), -1, dtype=torch.long)
         for i, d in enumerate(datums):
             if d.versions is not None:
                 versions[i, : len(d.versions)] = torch.tensor(d.versions, dtype=torch.long)
-    return Batch(inputs, targets, mask, rollout, attention, lengths, versions)
+    return Batch(inputs, targets, mask, rollout, attention, lengths_t, versions)
+
+
+def _padded(rows: Sequence[Sequence[float]], width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor([[*row, *([fill] * (width - len(row)))] for row in rows], dtype=dtype)
 
 
 def samples_to_batch(samples: Sequence[RolloutSample], pad_token_id: int = 0, pad_to: int | None = None) -> Batch:

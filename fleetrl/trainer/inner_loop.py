@@ -61,6 +61,15 @@ def resolve_compute_dtype(cfg: Any, device: torch.device) -> torch.dtype:
     return torch_dtype(name)
 
 
+def _trained_positions(weights: Sequence[float], device: torch.device) -> torch.Tensor | None:
+    """The flat positions whose logprobs a loss reads (weight != 0), for the chunked head to project only those
+    (the prompt's logits are never read). None (every position) when that is all or none of them."""
+    picked = [i for i, w in enumerate(weights) if w]
+    if not picked or len(picked) == len(weights):
+        return None
+    return torch.tensor(picked, dtype=torch.long).to(device)
+
+
 def _pad_rows(rows: Sequence[torch.Tensor], width: int) -> torch.Tensor:
     out = torch.zeros((len(rows), width), dtype=torch.float32)
     for i, row in enumerate(rows):
@@ -210,6 +219,7 @@ class InnerLoop:
                     temperature=self.cfg.temperature,
                     chunk_tokens=self.chunk_tokens,
                     entropy=entropy,
+                    positions=_trained_positions([w for d in micro for w in d.weights], self.device),
                 )
                 width = batch.input_tokens_BT.shape[1]
                 return (
@@ -224,6 +234,7 @@ class InnerLoop:
                     temperature=self.cfg.temperature,
                     chunk_tokens=self.chunk_tokens,
                     entropy=entropy,
+                    positions=_trained_positions(batch.mask_BT.reshape(-1).tolist(), self.device),
                 )
             mask = batch.mask_BT.to(self.device) if entropy else None
             logprobs, ent = target_logprobs(

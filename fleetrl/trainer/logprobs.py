@@ -70,10 +70,16 @@ class PackedBatch:
         """Per-token values `[N]` as right-padded rows `[B, width]` (zeros after each sample's end), keeping the
         autograd graph. `width` defaults to the longest sample."""
         width = max(self.lengths) if width is None else width
-        rows = values_N.split(self.lengths)
-        return torch.nn.utils.rnn.pad_sequence(
-            [F.pad(r, (0, width - r.numel())) if r.numel() < width else r for r in rows], batch_first=True
-        )
+        if width < max(self.lengths):
+            raise ValueError(f"to_padded: width {width} is shorter than the longest sample ({max(self.lengths)})")
+        # One gather (a pad per sample before): each row's positions in `values_N`, padding reading an appended 0;
+        # built from host figures, so nothing reads the device.
+        lengths = torch.tensor(self.lengths, dtype=torch.long)
+        starts = torch.cumsum(lengths, 0) - lengths
+        steps = torch.arange(width, dtype=torch.long).unsqueeze(0)
+        index_BW = torch.where(steps < lengths.unsqueeze(1), starts.unsqueeze(1) + steps, values_N.shape[0])
+        padded = torch.cat([values_N, values_N.new_zeros(1)])
+        return padded.index_select(0, index_BW.flatten().to(values_N.device)).view(len(self.lengths), width)
 
 
 def pack(inputs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> PackedBatch:
@@ -86,7 +92,9 @@ def pack(inputs: Sequence[Sequence[int]], targets: Sequence[Sequence[int]]) -> P
             raise ValueError(f"pack: sample {i} has {len(x)} inputs and {len(y)} targets (need equal, >= 1)")
     flat_in = torch.tensor([t for x in inputs for t in x], dtype=torch.long)
     flat_tg = torch.tensor([t for y in targets for t in y], dtype=torch.long)
-    positions = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
+    lengths_t, total = torch.tensor(lengths, dtype=torch.long), sum(lengths)
+    starts = torch.repeat_interleave(torch.cumsum(lengths_t, 0) - lengths_t, lengths_t, output_size=total)
+    positions = torch.arange(total, dtype=torch.long) - starts  # 0, 1, ... within each sample (no scalar read)
     return PackedBatch(flat_in.unsqueeze(0), positions.unsqueeze(0), flat_tg, lengths)
 
 
@@ -124,28 +132,32 @@ class _Head:
         chunk: int,
         entropy: bool,
         kernels: Kernels | None = None,
+        positions_N: torch.Tensor | None = None,
     ) -> None:
         self.linear = linear
         self.targets_N = targets_N
+        self.positions_N = positions_N  # only these positions' logprobs (and entropy) are computed; others are 0
         self.temperature = temperature
         self.chunk = chunk
         self.entropy = entropy
         self.kernels = kernels
         self.entropy_N: torch.Tensor | None = None
 
-    def _fused(self, hidden_NH: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def _fused(
+        self, hidden_NH: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets_N: torch.Tensor
+    ) -> torch.Tensor:
         """Target logprobs through the kernel ((h / T) W^T + b / T is the tempered logits); the entropy, a metric
         without gradient, chunk by chunk in plain torch."""
         assert self.kernels is not None
         t = self.temperature
         scaled = hidden_NH if t == 1.0 else hidden_NH / t
         scaled_bias = bias if bias is None or t == 1.0 else bias / t
-        logprobs_N = self.kernels.linear_logprobs(scaled, weight, scaled_bias, self.targets_N)
+        logprobs_N = self.kernels.linear_logprobs(scaled, weight, scaled_bias, targets_N)
         if self.entropy:
             with torch.no_grad():
                 parts = [
                     _chunk_logprobs(
-                        hidden_NH[s : s + self.chunk], weight, bias, self.targets_N[s : s + self.chunk], t, True
+                        hidden_NH[s : s + self.chunk], weight, bias, targets_N[s : s + self.chunk], t, True
                     )[1]
                     for s in range(0, hidden_NH.shape[0], self.chunk)
                 ]
@@ -156,9 +168,23 @@ class _Head:
         hidden_NH = hidden.reshape(-1, hidden.shape[-1])
         if hidden_NH.shape[0] != self.targets_N.shape[0]:
             raise ValueError(f"chunked head: {hidden_NH.shape[0]} positions for {self.targets_N.shape[0]} targets")
+        if self.positions_N is None:
+            return self._logprobs(hidden_NH, self.targets_N).view(hidden.shape[:-1])
+        # Only the positions a loss reads (the trainable ones) go through the vocabulary projection: the prompt's
+        # logits are never needed, and the head is the one part of the forward that can skip them. The others
+        # are 0 (no gradient), which every loss masks out (fleetrl.losses.policy cleans masked positions).
+        positions = self.positions_N
+        picked = self._logprobs(hidden_NH.index_select(0, positions), self.targets_N.index_select(0, positions))
+        full = picked.new_zeros(hidden_NH.shape[0]).index_copy(0, positions, picked)
+        if self.entropy_N is not None:
+            self.entropy_N = self.entropy_N.new_zeros(hidden_NH.shape[0]).index_copy(0, positions, self.entropy_N)
+        return full.view(hidden.shape[:-1])
+
+    def _logprobs(self, hidden_NH: torch.Tensor, targets_N: torch.Tensor) -> torch.Tensor:
+        """Target logprobs `[N]` of `hidden_NH` (and `entropy_N`, when asked)."""
         weight, bias = self.linear.weight, getattr(self.linear, "bias", None)
         if self.kernels is not None and self.kernels.device_type in (None, hidden_NH.device.type):
-            return self._fused(hidden_NH, weight, bias).view(hidden.shape[:-1])
+            return self._fused(hidden_NH, weight, bias, targets_N)
         grad = torch.is_grad_enabled() and (hidden_NH.requires_grad or weight.requires_grad)
         # A row of one chunk keeps its logits for backward instead of recomputing them: the head's backward runs
         # first, while every layer's activations are still alive, so the peak is the same either way, and the
@@ -167,7 +193,7 @@ class _Head:
         out, ent = [], []
         for start in range(0, hidden_NH.shape[0], self.chunk):
             part = slice(start, start + self.chunk)
-            args = (hidden_NH[part], weight, bias, self.targets_N[part], self.temperature, self.entropy)
+            args = (hidden_NH[part], weight, bias, targets_N[part], self.temperature, self.entropy)
             if recompute:  # several chunks: each one's logits are recomputed in backward, never all alive at once
                 lp, h = checkpoint(_chunk_logprobs, *args, use_reentrant=False)
             else:
@@ -175,8 +201,8 @@ class _Head:
             out.append(lp)
             ent.append(h)
         if self.entropy:
-            self.entropy_N = torch.cat(ent)
-        return torch.cat(out).view(hidden.shape[:-1])
+            self.entropy_N = torch.cat(ent) if ent else hidden_NH.new_zeros(0, dtype=torch.float32)
+        return torch.cat(out) if out else hidden_NH.new_zeros(0, dtype=torch.float32)
 
 
 @contextlib.contextmanager
@@ -207,11 +233,14 @@ def packed_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     entropy: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logprobs `[N]` (float32) of a packed batch, and the entropy `[N]` (no gradient) when asked.
 
     `chunk_tokens` positions go through the vocabulary projection at a time (0: the whole row at once, through the
-    model's own lm_head: full logits, for models the chunked head refuses)."""
+    model's own lm_head: full logits, for models the chunked head refuses). `positions` (long, on the batch's
+    device): only these positions go through the chunked head, the others' logprobs and entropy are 0 (a loss
+    reads only its trainable positions; ignored with full logits)."""
     kwargs: dict[str, Any] = {"input_ids": batch.input_ids_1N, "position_ids": batch.position_ids_1N}
     flash2 = getattr(getattr(model, "config", None), "_attn_implementation", None) == "flash_attention_2"
     kwargs.update(batch.attention_bounds(batch.input_ids_1N.device if flash2 else None))
@@ -223,7 +252,9 @@ def packed_logprobs(
         logprobs = logp.gather(-1, batch.targets_N.unsqueeze(-1)).squeeze(-1)
         ent = -(logp.detach().exp() * logp.detach()).sum(-1) if entropy else None
         return logprobs, ent
-    head = _Head(torch.nn.Identity(), batch.targets_N, temperature, chunk_tokens, entropy, model_kernels(model))
+    head = _Head(
+        torch.nn.Identity(), batch.targets_N, temperature, chunk_tokens, entropy, model_kernels(model), positions
+    )
     with _chunked_head(model, head):
         logprobs = model(**kwargs, use_cache=False).logits
     return logprobs.reshape(-1), head.entropy_N
@@ -237,15 +268,25 @@ def padded_logprobs(
     temperature: float = 1.0,
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     entropy: bool = False,
+    positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Target logprobs `[B, T]` (float32) of right-padded rows through the same chunked head as `packed_logprobs`
     (so the two layouts differ only in their rows), and the entropy `[B, T]` (no gradient) when asked. Padding
-    positions get values too; the losses mask them. No attention mask, as `fleetrl.trainer.model.forward_logits`."""
+    positions get values too; the losses mask them. No attention mask, as `fleetrl.trainer.model.forward_logits`.
+    `positions`: flat indices into `[B * T]`, as in `packed_logprobs`."""
     if chunk_tokens <= 0:
         raise ValueError(
             "padded_logprobs: chunk_tokens must be > 0 (full logits: fleetrl.trainer.model.target_logprobs)"
         )
-    head = _Head(torch.nn.Identity(), targets_BT.reshape(-1), temperature, chunk_tokens, entropy, model_kernels(model))
+    head = _Head(
+        torch.nn.Identity(),
+        targets_BT.reshape(-1),
+        temperature,
+        chunk_tokens,
+        entropy,
+        model_kernels(model),
+        positions,
+    )
     with _chunked_head(model, head):
         logprobs_BT = model(input_ids=input_ids_BT, use_cache=False).logits
     entropy_BT = head.entropy_N.view(targets_BT.shape) if head.entropy_N is not None else None

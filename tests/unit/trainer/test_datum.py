@@ -57,3 +57,20 @@ def test_gather_target_logprobs_matches_log_softmax():
         3.0 - torch.logsumexp(torch.tensor([3.0, 0, 0]), 0),
     ]
     assert torch.allclose(out[0], torch.stack(expected))
+
+
+def test_collate_refuses_a_datum_whose_lists_differ_in_length_naming_it():
+    import pytest
+
+    from fleetrl.trainer.datum import Datum
+
+    good = Datum([1, 2, 3], [2, 3, 4], [0, 1, 1], [0.0, -0.5, -0.25])
+    short = Datum([1, 2], [2, 3], [1], [-0.5, -0.25])  # one weight for two tokens
+    with pytest.raises(ValueError, match="datum 1 has 1 weights for 2 input tokens"):
+        collate([good, short])
+    batch = collate([good, Datum([5], [6], [1], [-1.0], versions=[3])])
+    assert batch.input_tokens_BT.tolist() == [[1, 2, 3], [5, 0, 0]]
+    assert batch.rollout_logprobs_BT.tolist() == [[0.0, -0.5, -0.25], [-1.0, 0.0, 0.0]]
+    assert batch.attention_mask_BT.tolist() == [[1, 1, 1], [1, 0, 0]]
+    assert batch.versions_BT.tolist() == [[-1, -1, -1], [3, -1, -1]]
+    assert batch.input_tokens_BT.dtype == torch.long and batch.mask_BT.dtype == torch.float32

@@ -298,7 +298,9 @@ def test_padded_rows_take_the_packed_rows_chunked_head_with_the_full_logits_numb
     vocab = trainer.model.config.vocab_size
     with _LargestLogits(vocab) as probe:
         chunked, chunked_grads = _loss_and_grads(trainer, datums, advantages, packing=False, budget=None)
-    assert probe.rows == chunk  # one chunk's logits at a time, never [B, T, V]
+    trained = sum(sum(1 for w in d.weights if w) for d in datums)  # only these positions reach the head
+    hidden = trainer.model.config.hidden_size  # the lm_head weight's [H, V] transpose counts too
+    assert probe.rows == max(min(chunk, trained), hidden)  # one chunk's logits at a time, never [B, T, V]
     trainer.loop.chunk_tokens = 0
     full, full_grads = _loss_and_grads(trainer, datums, advantages, packing=False, budget=None)
     assert chunked["_loss"] == pytest.approx(full["_loss"], rel=1e-5, abs=1e-7)
@@ -306,4 +308,36 @@ def test_padded_rows_take_the_packed_rows_chunked_head_with_the_full_logits_numb
     scale = max(g.abs().max().item() for g in full_grads.values())
     for name, grad in full_grads.items():
         assert (chunked_grads[name] - grad).abs().max().item() <= 1e-4 * scale, name
+    trainer.close()
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_the_head_projects_only_the_trained_positions_with_the_same_loss_and_gradients(
+    tiny_model_dir, tmp_path, packing
+):
+    """The prompt's logits are never read by a loss: the chunked head projects only the positions with a weight
+    (here 2/3 of the tokens), and the loss, the entropy metric and every gradient equal those of full logits."""
+    cfg = make_cfg(tiny_model_dir, tmp_path, packing=packing)
+    trainer = PolicyTrainer(cfg)
+    g = torch.Generator().manual_seed(3)
+    datums = []
+    for n in (40, 61, 30, 52, 45):
+        seq = torch.randint(3, 300, (n + 1,), generator=g).tolist()
+        weights = [0] * (n // 3) + [1] * (n - n // 3)  # a prompt part, then the completion
+        datums.append(Datum(seq[:-1], seq[1:], weights, (-torch.rand(n, generator=g)).tolist()))
+    advantages = torch.tensor([0.5, -1.0, 1.0, -0.25, 0.75])
+    trained = sum(sum(1 for w in d.weights if w) for d in datums)
+    # More trained positions than the hidden size (the lm_head weight's [H, V] transpose counts too), fewer than
+    # all positions, all within one chunk.
+    assert trainer.model.config.hidden_size < trained < sum(len(d) for d in datums) < trainer.loop.chunk_tokens
+    with _LargestLogits(trainer.model.config.vocab_size) as probe:
+        picked, picked_grads = _loss_and_grads(trainer, datums, advantages, packing=packing, budget=None)
+    assert probe.rows == trained
+    trainer.loop.chunk_tokens = 0  # full logits at every position (the model's own lm_head)
+    full, full_grads = _loss_and_grads(trainer, datums, advantages, packing=packing, budget=None)
+    assert picked["_loss"] == pytest.approx(full["_loss"], rel=1e-5, abs=1e-7)
+    assert picked["_tok/entropy"] == pytest.approx(full["_tok/entropy"], rel=1e-5)
+    scale = max(g.abs().max().item() for g in full_grads.values())
+    for name, grad in full_grads.items():
+        assert (picked_grads[name] - grad).abs().max().item() <= 1e-4 * scale, name
     trainer.close()
