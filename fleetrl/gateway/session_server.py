@@ -76,6 +76,7 @@ from fleetrl.openai_chat import (
     template_messages,
     token_logprobs,
 )
+from fleetrl.shell.heap import CyclicGarbage
 
 log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 30.0
@@ -85,6 +86,7 @@ SESSION_PORT_ENV = "FLEETRL_SESSION_PORT"
 _WILDCARDS = ("0.0.0.0", "::", "")
 _RUN_SETTINGS = ("temperature", "top_p", "top_k")
 _MAX_TITOS = 8
+GARBAGE_INTERVAL_S = 10.0
 
 
 _UNSUPPORTED = {
@@ -180,6 +182,9 @@ class SessionServer:
         self.sessions = SessionRegistry(self.limits.idle_timeout_s, clock)
         self.clock = clock
         self._next_sweep = clock()
+        # An agent's HTTP client per session is left as cyclic garbage holding native memory (its SSL context):
+        # collected every few seconds while sessions open, not minutes later (fleetrl.shell.heap.CyclicGarbage).
+        self.garbage = CyclicGarbage(GARBAGE_INTERVAL_S, clock)
         self.stats: Counter[str] = Counter()  # what was refused: connections_refused, connections_stalled, ...
         self._warned_at: dict[str, float] = {}
         self._render_pool: ThreadPoolExecutor | None = None  # chat templates rendered off the event loop
@@ -223,6 +228,7 @@ class SessionServer:
             context=contextvars.copy_context(),
         )
         self.sessions.add(session)
+        self.garbage.note()
         return session
 
     def connections(self) -> int:
@@ -234,7 +240,9 @@ class SessionServer:
         self.sessions.pop(session.session_id, None)
 
     def sweep_if_due(self) -> None:
-        """Expire idle sessions (and forget closed or dropped ones), at most every few seconds of `clock`."""
+        """Expire idle sessions (and forget closed or dropped ones), at most every few seconds of `clock`; collect
+        the cyclic garbage the sessions' agents left, at most every `GARBAGE_INTERVAL_S`."""
+        self.garbage.collect_if_due()
         now = self.clock()
         if now < self._next_sweep:
             return

@@ -11,6 +11,15 @@ arena and releases whole free pages anywhere in them (glibc >= 2.8), in a few mi
 `trim_heap()` does it once (a no-op returning None where the C library has no `malloc_trim`, e.g. musl or macOS);
 `trim_heap_every(interval_s, stop)` runs it on a worker thread every `interval_s` until `stop` is set. The interval
 comes from $FLEETRL_HEAP_TRIM_S (default 30 s; 0 turns it off), read by `heap_trim_interval()`.
+
+`CyclicGarbage` runs a full `gc.collect()` at most every `interval_s` while work that leaves reference cycles goes
+on (a gateway's agent sessions: `fleetrl.gateway.session_server`). Why: an agent's `openai.AsyncOpenAI` client per
+session is left as cyclic garbage once used (httpx's response and connection objects refer to each other), and it
+holds an `ssl.SSLContext` with the CA bundle loaded (about 1 MB of OpenSSL's native memory each, measured here),
+which neither tracemalloc nor `malloc_trim` can give back while the client lives. Python frees cycles only in a full
+collection, which in a service with a large long-lived heap (the tokenizer, the user's code) runs only once the
+objects that survived since the last one reach 25 % of the long-lived ones: minutes apart in a gateway, so its RSS
+rose ~0.8 MB a step and fell back at each full collection (the soak's sawtooth, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import os
+import time
 from collections.abc import Callable
 from functools import cache
 
@@ -79,3 +90,38 @@ async def trim_heap_every(interval_s: float, stop: asyncio.Event, trim: Callable
             pass
         await asyncio.to_thread(trim)
         trims += 1
+
+
+class CyclicGarbage:
+    """A full garbage collection at most every `interval_s` of `clock`, and only when `note()` said that work which
+    leaves reference cycles ran since the last one (see the module docstring). `collect` is `gc.collect`."""
+
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        collect: Callable[[], int] = gc.collect,
+    ) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
+        self.interval_s = interval_s
+        self.clock = clock
+        self.collect = collect
+        self._pending = False
+        self._last = clock()
+        self.collections = 0
+        self.freed = 0  # objects the collections found unreachable
+
+    def note(self) -> None:
+        """Work that may leave cycles ran (a session was opened)."""
+        self._pending = True
+
+    def collect_if_due(self) -> bool:
+        """Collect now if work was noted and `interval_s` passed since the last collection; True if it ran."""
+        now = self.clock()
+        if not self._pending or now - self._last < self.interval_s:
+            return False
+        self._pending, self._last = False, now
+        self.freed += self.collect()
+        self.collections += 1
+        return True
