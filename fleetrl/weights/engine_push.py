@@ -158,14 +158,16 @@ class EnginePusher:
     # -- internals -----------------------------------------------------------------------------
 
     def _follow_fleet(self, targets: Sequence[EngineTarget]) -> None:
-        """The group's membership follows the replicas named: a new one (or one at a new address, or one the
-        last push dropped) joins, one not named leaves; either way the group is built again at this push."""
+        """The group's membership follows the replicas named: a new one (or one at a new address: restarted)
+        joins, one not named leaves; either way the group is built again at this push. One the sync put on
+        probation (failed both ways at this address) stays there: the stream decides when it rejoins."""
         named = {t.name for t in targets}
         for name in [n for n in self._addresses if n not in named]:
             self.sync.leave(name)
             self._drop_client(name)
         for target in targets:
-            if self._addresses.get(target.name) == target.address and target.name in self.sync.replicas:
+            known = target.name in self.sync.replicas or target.name in self.sync.probation
+            if self._addresses.get(target.name) == target.address and known:
                 continue
             if target.name in self._addresses:
                 self.sync.leave(target.name)

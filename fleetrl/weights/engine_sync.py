@@ -14,8 +14,11 @@ seam, which a real run fills with a vLLM trainer engine (vLLM's "nccl", "nccl_m2
   through it failed (it is unusable then); pushes in between reuse it. (A replica that joins mid-run is caught up
   over the weight stream by the controller at once, as before; it enters the group at the next push.) A failed
   build or transfer loads that version over the weight stream on every replica instead (`fallbacks`), and a replica
-  that fails that too leaves the fleet. A version counts as served (`served_version`) only once every replica still
-  in the fleet has loaded it.
+  that fails that too leaves the group for `probation`: named again (the same process), it is not let back into a
+  group build (a dead one would hold the rendezvous until its timeout) but offered each version over the stream,
+  and rejoins the group at the next push once a stream load succeeds; `leave` (a replica gone, or restarted at a new
+  address) ends its probation. A version counts as served (`served_version`) only once every replica still in the
+  fleet has loaded it.
 """
 
 from __future__ import annotations
@@ -118,19 +121,23 @@ class EngineSync:
         self.replicas: dict[str, ReplicaInfo] = {}  # the fleet, in join order
         self.group: tuple[ReplicaInfo, ...] | None = None  # the replicas the live group was built for
         self.serves: dict[str, int] = {}  # replica -> the version it reported loaded
+        self.probation: dict[str, ReplicaInfo] = {}  # failed both ways: kept out of builds until a stream load works
         self.builds = 0
         self.fallbacks = 0
 
     # -- membership ----------------------------------------------------------------------------
 
     def join(self, replica: ReplicaInfo) -> None:
-        """A replica joins the fleet: it is in the group from the next build on."""
-        self.replicas[replica.name] = replica
+        """A replica joins the fleet: it is in the group from the next build on (one on probation stays there)."""
+        if replica.name not in self.probation:
+            self.replicas[replica.name] = replica
 
     def leave(self, name: str) -> None:
-        """A replica leaves (or died): the group is built again without it before the next engine transfer."""
+        """A replica leaves (or died, or restarted elsewhere): the group is built again without it before the next
+        engine transfer; its probation, if any, ends."""
         self.replicas.pop(name, None)
         self.serves.pop(name, None)
+        self.probation.pop(name, None)
 
     @property
     def needs_build(self) -> bool:
@@ -152,11 +159,12 @@ class EngineSync:
         else, and for those outside it, over the weight stream."""
         outcome = PushOutcome(version)
         fleet = list(self.replicas.values())
-        if not fleet:
+        on_probation = list(self.probation.values())  # before this push: those it drops wait for the next
+        if not fleet and not on_probation:
             return outcome
-        if self.needs_build:
+        if fleet and self.needs_build:
             self._build(outcome)
-        members = [r.name for r in self.group or ()]
+        members = [r.name for r in self.group or ()] if fleet else []
         if members:
             try:
                 self.transport.send(version)
@@ -177,7 +185,21 @@ class EngineSync:
                 logger.warning("replica %s could not load weights version %d (%s): dropped", replica.name, version, exc)
                 outcome.failed.append(replica.name)
                 self.leave(replica.name)
+                self.probation[replica.name] = replica
             else:
+                outcome.stream.append(replica.name)
+                self.serves[replica.name] = version
+        for replica in on_probation:  # over the stream only; back in the group once it loads
+            try:
+                self.transport.stream_load(replica.name, version)
+            except Exception as exc:  # still failing: still on probation
+                logger.warning(
+                    "replica %s (on probation) could not load weights version %d (%s)", replica.name, version, exc
+                )
+                outcome.failed.append(replica.name)
+            else:
+                del self.probation[replica.name]
+                self.replicas[replica.name] = replica  # in the group from the next build (the next push)
                 outcome.stream.append(replica.name)
                 self.serves[replica.name] = version
         if outcome.stream and outcome.error:
