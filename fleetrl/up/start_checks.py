@@ -180,7 +180,8 @@ def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: A
 
 def check_weight_transport(run: Config, up: UpConfig) -> None:
     """``run.weight_transport = "engine"`` (fleetrl.weights.engine_push) is built for what can run here: vLLM
-    replicas, one trainer rank and one worker per replica, all on CPU (the "fleetrl_gloo" engine). Any other layout
+    replicas with one worker each, trainer and replicas on CPU (the "fleetrl_gloo" engine); any trainer world size
+    (rank 0 sends its published snapshot, which the sharded publish gathered already). Any other layout
     is refused, naming the field, instead of silently loading over the weight stream."""
     if run.weight_transport != "engine":
         return
@@ -188,11 +189,6 @@ def check_weight_transport(run: Config, up: UpConfig) -> None:
         raise ConfigError(
             "run.weight_transport: 'engine' drives vLLM's weight-transfer engines and needs up.engine = 'vllm' (hf "
             "replicas load over the weight stream: weight_transport 'zmq')"
-        )
-    if up.trainer_ranks > 1:
-        raise ConfigError(
-            f"up.trainer_procs: weight_transport 'engine' runs with one trainer rank for now (has {up.trainer_ranks}); "
-            "use weight_transport 'zmq' at world size > 1"
         )
     if up.inference_tensor_parallel_size > 1:
         raise ConfigError(

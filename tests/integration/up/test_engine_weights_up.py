@@ -60,6 +60,23 @@ def test_every_version_goes_through_one_engine_group_built_once(tmp_path, tiny_m
     check_ledger(run_dir, steps=4, groups_per_step=2)
 
 
+def test_a_two_rank_trainer_sends_every_version_through_the_group(tmp_path, tiny_model_dir):
+    # trainer_procs = 2 (torchrun, FSDP2 over gloo): each version is gathered shard by shard into rank 0's published
+    # snapshot (both ranks take part in that gather at publish), and rank 0 sends that snapshot through the group.
+    config = write_run(tmp_path, tiny_model_dir, {**ENGINE_RUN, "max_steps": 3}, {**VLLM_UP, "trainer_procs": 2})
+    result = fleetrl_up(config, timeout_s=600)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    run_dir = tmp_path / "run"
+    metrics = read_metrics(run_dir)
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    assert all(m["async/version_offset_max"] <= 1 for m in metrics)
+    trainer_log = (run_dir / "trainer.log").read_text()
+    assert "rank 1/2: process group up (gloo)" in trainer_log and "gathered shard by shard" in trainer_log
+    pushes = engine_pushes(trainer_log)
+    assert set(pushes) >= {1, 2} and all(p == (1, 0, 0, 1) for p in pushes.values()), pushes
+    check_ledger(run_dir, steps=3, groups_per_step=2)
+
+
 def test_a_killed_replica_leaves_the_group_and_the_run_finishes(tmp_path, tiny_model_dir):
     steps = 8
     config = write_run(tmp_path, tiny_model_dir, {**ENGINE_RUN, "max_steps": steps}, {**VLLM_UP, "replicas": 2})
