@@ -180,8 +180,9 @@ def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: A
 
 def check_weight_transport(run: Config, up: UpConfig) -> None:
     """``run.weight_transport = "engine"`` (fleetrl.weights.engine_push) is built for what can run here: vLLM
-    replicas with one worker each, trainer and replicas on CPU (the "fleetrl_gloo" engine); any trainer world size
-    (rank 0 sends its published snapshot, which the sharded publish gathered already). Any other layout
+    replicas, trainer and replicas on CPU (the "fleetrl_gloo" engine); any trainer world size (rank 0 sends its
+    published snapshot, which the sharded publish gathered already) and tensor-parallel size (each TP worker is a
+    rank of the group). Any other layout
     is refused, naming the field, instead of silently loading over the weight stream."""
     if run.weight_transport != "engine":
         return
@@ -189,11 +190,6 @@ def check_weight_transport(run: Config, up: UpConfig) -> None:
         raise ConfigError(
             "run.weight_transport: 'engine' drives vLLM's weight-transfer engines and needs up.engine = 'vllm' (hf "
             "replicas load over the weight stream: weight_transport 'zmq')"
-        )
-    if up.inference_tensor_parallel_size > 1:
-        raise ConfigError(
-            "up.inference_tensor_parallel_size: weight_transport 'engine' drives one worker per replica for now; "
-            "use weight_transport 'zmq' with tensor-parallel replicas"
         )
     if up.trainer_on_cuda or up.inference_gpus is not None:
         raise ConfigError(

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetrl/v1/inference.proto\x12\nfleetrl.v1\"\x9a\x02\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05seeds\x18\x0b \x03(\x04\x12\x0c\n\x04stop\x18\x0c \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"n\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x10\n\x08versions\x18\x05 \x03(\x03\"?\n\x10GenerateResponse\x12+\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x16.fleetrl.v1.Completion\"\x0f\n\rStatusRequest\"\xe5\x01\n\x0eStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eloaded_version\x18\x03 \x01(\x03\x12\x17\n\x0floaded_checksum\x18\x04 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x15\n\rrelay_address\x18\t \x01(\t\x12\x15\n\rrelay_version\x18\n \x01(\x03\"\x82\x01\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05relay\x18\x04 \x01(\x08\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x16\n\x0egroup_replicas\x18\x06 \x01(\x05\"p\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07pause_s\x18\x04 \x01(\x01\x12\x11\n\ttransport\x18\x05 \x01(\t\"U\n\x16JoinEngineGroupRequest\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x18\n\x10\x65ngine_init_json\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\x1a\n\x18StartEngineUpdateRequest\"S\n\x13\x45ngineUpdateRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x18\n\x10update_info_json\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\";\n\x19\x46inishEngineUpdateRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\",\n\x12\x45ngineCallResponse\x12\x16\n\x0eloaded_version\x18\x01 \x01(\x03\x32\xc3\x04\n\tInference\x12\x45\n\x08Generate\x12\x1b.fleetrl.v1.GenerateRequest\x1a\x1c.fleetrl.v1.GenerateResponse\x12?\n\x06Status\x12\x19.fleetrl.v1.StatusRequest\x1a\x1a.fleetrl.v1.StatusResponse\x12N\n\x0bLoadWeights\x12\x1e.fleetrl.v1.LoadWeightsRequest\x1a\x1f.fleetrl.v1.LoadWeightsResponse\x12U\n\x0fJoinEngineGroup\x12\".fleetrl.v1.JoinEngineGroupRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12Y\n\x11StartEngineUpdate\x12$.fleetrl.v1.StartEngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12O\n\x0c\x45ngineUpdate\x12\x1f.fleetrl.v1.EngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12[\n\x12\x46inishEngineUpdate\x12%.fleetrl.v1.FinishEngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x66leetrl/v1/inference.proto\x12\nfleetrl.v1\"\x9a\x02\n\x0fGenerateRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\t\n\x01n\x18\x02 \x01(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x18\n\x0btemperature\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x11\n\x04seed\x18\x08 \x01(\x04H\x02\x88\x01\x01\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\x12\n\nrequest_id\x18\n \x01(\t\x12\r\n\x05seeds\x18\x0b \x03(\x04\x12\x0c\n\x04stop\x18\x0c \x03(\tB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x07\n\x05_seed\"n\n\nCompletion\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x15\n\rfinish_reason\x18\x03 \x01(\t\x12\x12\n\nprompt_len\x18\x04 \x01(\x05\x12\x10\n\x08versions\x18\x05 \x03(\x03\"?\n\x10GenerateResponse\x12+\n\x0b\x63ompletions\x18\x01 \x03(\x0b\x32\x16.fleetrl.v1.Completion\"\x0f\n\rStatusRequest\"\xf6\x01\n\x0eStatusResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0e\n\x06\x65ngine\x18\x02 \x01(\t\x12\x16\n\x0eloaded_version\x18\x03 \x01(\x03\x12\x17\n\x0floaded_checksum\x18\x04 \x01(\t\x12\x13\n\x0bqueue_depth\x18\x05 \x01(\x05\x12\x14\n\x0ctokens_per_s\x18\x06 \x01(\x01\x12\x18\n\x10generated_tokens\x18\x07 \x01(\x03\x12\x10\n\x08requests\x18\x08 \x01(\x03\x12\x15\n\rrelay_address\x18\t \x01(\t\x12\x15\n\rrelay_version\x18\n \x01(\x03\x12\x0f\n\x07workers\x18\x0b \x01(\x05\"\x82\x01\n\x12LoadWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05relay\x18\x04 \x01(\x08\x12\x11\n\ttransport\x18\x05 \x01(\t\x12\x16\n\x0egroup_replicas\x18\x06 \x01(\x05\"p\n\x13LoadWeightsResponse\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\t\x12\x12\n\ntransfer_s\x18\x03 \x01(\x01\x12\x0f\n\x07pause_s\x18\x04 \x01(\x01\x12\x11\n\ttransport\x18\x05 \x01(\t\"U\n\x16JoinEngineGroupRequest\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\x18\n\x10\x65ngine_init_json\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\x1a\n\x18StartEngineUpdateRequest\"S\n\x13\x45ngineUpdateRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\x18\n\x10update_info_json\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\";\n\x19\x46inishEngineUpdateRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12\r\n\x05\x61\x62ort\x18\x02 \x01(\x08\",\n\x12\x45ngineCallResponse\x12\x16\n\x0eloaded_version\x18\x01 \x01(\x03\x32\xc3\x04\n\tInference\x12\x45\n\x08Generate\x12\x1b.fleetrl.v1.GenerateRequest\x1a\x1c.fleetrl.v1.GenerateResponse\x12?\n\x06Status\x12\x19.fleetrl.v1.StatusRequest\x1a\x1a.fleetrl.v1.StatusResponse\x12N\n\x0bLoadWeights\x12\x1e.fleetrl.v1.LoadWeightsRequest\x1a\x1f.fleetrl.v1.LoadWeightsResponse\x12U\n\x0fJoinEngineGroup\x12\".fleetrl.v1.JoinEngineGroupRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12Y\n\x11StartEngineUpdate\x12$.fleetrl.v1.StartEngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12O\n\x0c\x45ngineUpdate\x12\x1f.fleetrl.v1.EngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponse\x12[\n\x12\x46inishEngineUpdate\x12%.fleetrl.v1.FinishEngineUpdateRequest\x1a\x1e.fleetrl.v1.EngineCallResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STATUSREQUEST']._serialized_start=504
   _globals['_STATUSREQUEST']._serialized_end=519
   _globals['_STATUSRESPONSE']._serialized_start=522
-  _globals['_STATUSRESPONSE']._serialized_end=751
-  _globals['_LOADWEIGHTSREQUEST']._serialized_start=754
-  _globals['_LOADWEIGHTSREQUEST']._serialized_end=884
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=886
-  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=998
-  _globals['_JOINENGINEGROUPREQUEST']._serialized_start=1000
-  _globals['_JOINENGINEGROUPREQUEST']._serialized_end=1085
-  _globals['_STARTENGINEUPDATEREQUEST']._serialized_start=1087
-  _globals['_STARTENGINEUPDATEREQUEST']._serialized_end=1113
-  _globals['_ENGINEUPDATEREQUEST']._serialized_start=1115
-  _globals['_ENGINEUPDATEREQUEST']._serialized_end=1198
-  _globals['_FINISHENGINEUPDATEREQUEST']._serialized_start=1200
-  _globals['_FINISHENGINEUPDATEREQUEST']._serialized_end=1259
-  _globals['_ENGINECALLRESPONSE']._serialized_start=1261
-  _globals['_ENGINECALLRESPONSE']._serialized_end=1305
-  _globals['_INFERENCE']._serialized_start=1308
-  _globals['_INFERENCE']._serialized_end=1887
+  _globals['_STATUSRESPONSE']._serialized_end=768
+  _globals['_LOADWEIGHTSREQUEST']._serialized_start=771
+  _globals['_LOADWEIGHTSREQUEST']._serialized_end=901
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=903
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1015
+  _globals['_JOINENGINEGROUPREQUEST']._serialized_start=1017
+  _globals['_JOINENGINEGROUPREQUEST']._serialized_end=1102
+  _globals['_STARTENGINEUPDATEREQUEST']._serialized_start=1104
+  _globals['_STARTENGINEUPDATEREQUEST']._serialized_end=1130
+  _globals['_ENGINEUPDATEREQUEST']._serialized_start=1132
+  _globals['_ENGINEUPDATEREQUEST']._serialized_end=1215
+  _globals['_FINISHENGINEUPDATEREQUEST']._serialized_start=1217
+  _globals['_FINISHENGINEUPDATEREQUEST']._serialized_end=1276
+  _globals['_ENGINECALLRESPONSE']._serialized_start=1278
+  _globals['_ENGINECALLRESPONSE']._serialized_end=1322
+  _globals['_INFERENCE']._serialized_start=1325
+  _globals['_INFERENCE']._serialized_end=1904
 # @@protoc_insertion_point(module_scope)

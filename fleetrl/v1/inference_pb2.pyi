@@ -59,7 +59,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("model", "engine", "loaded_version", "loaded_checksum", "queue_depth", "tokens_per_s", "generated_tokens", "requests", "relay_address", "relay_version")
+    __slots__ = ("model", "engine", "loaded_version", "loaded_checksum", "queue_depth", "tokens_per_s", "generated_tokens", "requests", "relay_address", "relay_version", "workers")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     LOADED_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class StatusResponse(_message.Message):
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RELAY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     model: str
     engine: str
     loaded_version: int
@@ -80,7 +81,8 @@ class StatusResponse(_message.Message):
     requests: int
     relay_address: str
     relay_version: int
-    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., loaded_version: _Optional[int] = ..., loaded_checksum: _Optional[str] = ..., queue_depth: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., requests: _Optional[int] = ..., relay_address: _Optional[str] = ..., relay_version: _Optional[int] = ...) -> None: ...
+    workers: int
+    def __init__(self, model: _Optional[str] = ..., engine: _Optional[str] = ..., loaded_version: _Optional[int] = ..., loaded_checksum: _Optional[str] = ..., queue_depth: _Optional[int] = ..., tokens_per_s: _Optional[float] = ..., generated_tokens: _Optional[int] = ..., requests: _Optional[int] = ..., relay_address: _Optional[str] = ..., relay_version: _Optional[int] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class LoadWeightsRequest(_message.Message):
     __slots__ = ("version", "source", "timeout_s", "relay", "transport", "group_replicas")

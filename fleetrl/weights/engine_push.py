@@ -43,11 +43,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineTarget:
-    """A replica a push must reach: its member name, gRPC address and receiving workers."""
+    """A replica a push must reach: its member name, gRPC address and receiving workers (0: ask the replica)."""
 
     name: str
     address: str
-    workers: int = 1
+    workers: int = 0
 
 
 @dataclass
@@ -172,10 +172,15 @@ class EnginePusher:
             if target.name in self._addresses:
                 self.sync.leave(target.name)
                 self._drop_client(target.name)
-            self._add_client(target)
-            self.sync.join(ReplicaInfo(target.name, target.workers))
+            workers = self._add_client(target)
+            self.sync.join(ReplicaInfo(target.name, workers))
+            logger.info(
+                "replica %s at %s enters the engine group with %d workers", target.name, target.address, workers
+            )
 
-    def _add_client(self, target: EngineTarget) -> None:
+    def _add_client(self, target: EngineTarget) -> int:
+        """Open the replica's client; returns its receiving workers (asked of the replica when not given: each TP
+        worker is a rank of the group, so the rank offsets depend on it)."""
         from fleetrl.clients.inference import InferenceClient
         from fleetrl.clients.inference_engine import RemoteEngineClient
         from fleetrl.weights.vllm_gloo import BACKEND
@@ -187,6 +192,14 @@ class EnginePusher:
         self._clients[target.name] = client
         self._engine_clients[target.name] = RemoteEngineClient(client, self._loop, BACKEND, self.timeout_s)
         self._addresses[target.name] = target.address
+        if target.workers > 0:
+            return target.workers
+        status = asyncio.run_coroutine_threadsafe(client.status(timeout_s=self.timeout_s), self._loop)
+        try:
+            return max(int(status.result(timeout=self.timeout_s + 5.0).workers), 1)
+        except Exception as exc:  # not answering: the build will fail on it and put it on probation
+            logger.warning("replica %s did not say its workers (%s): counted as 1", target.name, exc)
+            return 1
 
     def _drop_client(self, name: str) -> None:
         self._addresses.pop(name, None)

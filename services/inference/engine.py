@@ -56,6 +56,7 @@ class InferenceEngine(ABC):
     model_path: str
     loaded_version: int = 0  # 0 for the weights loaded from model_path
     loaded_checksum: str = ""
+    workers: int = 1  # processes receiving weights in an engine group (vLLM: its tensor-parallel ranks)
 
     @abstractmethod
     async def start(self) -> None:

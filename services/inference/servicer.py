@@ -82,6 +82,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             requests=stats.requests,
             relay_address="" if self._relay is None else self._relay.address,
             relay_version=0 if self._relay is None else self._relay.version,
+            workers=self._engine.workers,
         )
 
     async def LoadWeights(

@@ -169,6 +169,7 @@ class VLLMEngine(InferenceEngine):
         self.loaded_version = 0
         self.loaded_checksum = ""
         self._tp = tensor_parallel_size
+        self.workers = tensor_parallel_size  # every TP worker joins a weight-transfer engine group
         self._dtype = dtype  # None until start() resolves it for the device
         self._max_model_len = max_model_len
         self._seed = seed

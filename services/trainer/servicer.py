@@ -132,8 +132,8 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServicer):
     ) -> trainer_pb2.PushEngineResponse:
         from fleetrl.weights.engine_push import EngineTarget
 
-        targets = [EngineTarget(r.name, r.address, r.workers or 1) for r in request.replicas]
-        if not targets or any(not t.name or not t.address or t.workers < 1 for t in targets):
+        targets = [EngineTarget(r.name, r.address, r.workers) for r in request.replicas]
+        if not targets or any(not t.name or not t.address or t.workers < 0 for t in targets):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "PushEngine: every replica needs a name, an address")
         try:
             result = await asyncio.to_thread(self._service.push_engine, request.version, targets)

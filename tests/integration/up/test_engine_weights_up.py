@@ -77,6 +77,26 @@ def test_a_two_rank_trainer_sends_every_version_through_the_group(tmp_path, tiny
     check_ledger(run_dir, steps=3, groups_per_step=2)
 
 
+def test_a_tensor_parallel_replica_receives_every_version_in_both_workers(tmp_path, tiny_model_dir):
+    # inference_tensor_parallel_size = 2: the trainer asks the replica its workers (Status.workers) and gives it
+    # ranks 1 and 2 of a group of 3; both TP workers receive every version through it.
+    up = {**VLLM_UP, "inference_tensor_parallel_size": 2}
+    config = write_run(tmp_path, tiny_model_dir, {**ENGINE_RUN, "max_steps": 3}, up)
+    result = fleetrl_up(config, timeout_s=600)
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-2000:]
+    run_dir = tmp_path / "run"
+    metrics = read_metrics(run_dir)
+    assert [m["version"] for m in metrics] == [1, 2, 3]
+    assert all(m["async/version_offset_max"] <= 1 for m in metrics)
+    trainer_log = (run_dir / "trainer.log").read_text()
+    # Both workers are ranks of the group (1 and 2, after the trainer's 0): a group sized for one would never form.
+    assert re.search(r"replica inference-0 at \S+ enters the engine group with 2 workers", trainer_log)
+    pushes = engine_pushes(trainer_log)
+    assert set(pushes) >= {1, 2} and all(p == (1, 0, 0, 1) for p in pushes.values()), pushes
+    assert "tp 2," in (run_dir / "inference-0.log").read_text()
+    check_ledger(run_dir, steps=3, groups_per_step=2)
+
+
 def test_a_killed_replica_leaves_the_group_and_the_run_finishes(tmp_path, tiny_model_dir):
     steps = 8
     config = write_run(tmp_path, tiny_model_dir, {**ENGINE_RUN, "max_steps": steps}, {**VLLM_UP, "replicas": 2})

@@ -1,5 +1,5 @@
 """`run.weight_transport = "engine"` (fleetrl.weights.engine_push) is started only where it is built: vLLM replicas,
-one worker per replica, on CPU, full fine-tuning, direct fan-out (any trainer world size). Anything else is refused by
+on CPU, full fine-tuning, direct fan-out (any trainer world size, tensor-parallel replicas). Anything else is refused by
 `fleetrl up` with exit 2 and one line naming the field, before any service starts."""
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ ENGINE = {"weight_transport": "engine"}
     ("run", "up", "message"),
     [
         ({}, {"engine": "hf"}, "run.weight_transport: 'engine' drives vLLM's weight-transfer engines"),
-        (
-            {},
-            {"engine": "vllm", "inference_tensor_parallel_size": 2},
-            "up.inference_tensor_parallel_size: weight_transport 'engine' drives one worker",
-        ),
         ({}, {"engine": "vllm", "inference_gpus": [[0]]}, "run.weight_transport: 'engine' on GPUs"),
         ({}, {"engine": "vllm", "trainer_gpus": [0]}, "run.weight_transport: 'engine' on GPUs"),
     ],
-    ids=["hf-replicas", "tensor-parallel", "replica-gpus", "trainer-gpus"],
+    ids=["hf-replicas", "replica-gpus", "trainer-gpus"],
 )
 def test_an_engine_transport_layout_not_built_is_refused_naming_the_field(
     tmp_path, capsys, monkeypatch, run, up, message
@@ -47,6 +42,10 @@ def test_an_engine_transport_with_lora_or_relays_is_refused_naming_the_field(tmp
     assert "invalid config" in err and "weight_transport 'engine' needs" in err and field in err, err
 
 
-@pytest.mark.parametrize("up", [{"replicas": 2}, {"trainer_procs": 2}], ids=["two-replicas", "two-trainer-ranks"])
+@pytest.mark.parametrize(
+    "up",
+    [{"replicas": 2}, {"trainer_procs": 2}, {"inference_tensor_parallel_size": 2}],
+    ids=["two-replicas", "two-trainer-ranks", "tensor-parallel"],
+)
 def test_an_engine_transport_with_vllm_replicas_on_cpu_starts(tmp_path, capsys, monkeypatch, up):
     starts(set_fields(write_config(tmp_path), ENGINE, {"engine": "vllm", **up}), capsys, monkeypatch)
