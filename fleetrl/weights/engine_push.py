@@ -172,15 +172,19 @@ class EnginePusher:
             if target.name in self._addresses:
                 self.sync.leave(target.name)
                 self._drop_client(target.name)
-            workers = self._add_client(target)
-            self.sync.join(ReplicaInfo(target.name, workers))
-            logger.info(
-                "replica %s at %s enters the engine group with %d workers", target.name, target.address, workers
-            )
+            workers, engine_group = self._add_client(target)
+            self.sync.join(ReplicaInfo(target.name, workers, engine_group))
+            if engine_group:
+                logger.info(
+                    "replica %s at %s enters the engine group with %d workers", target.name, target.address, workers
+                )
+            else:
+                logger.info("replica %s at %s has no engine groups (hf): over the stream", target.name, target.address)
 
-    def _add_client(self, target: EngineTarget) -> int:
-        """Open the replica's client; returns its receiving workers (asked of the replica when not given: each TP
-        worker is a rank of the group, so the rank offsets depend on it)."""
+    def _add_client(self, target: EngineTarget) -> tuple[int, bool]:
+        """Open the replica's client; returns its receiving workers (given, or asked of the replica: each TP worker
+        is a rank of the group, so the rank offsets depend on it) and whether its engine joins groups (vLLM does; an
+        hf replica, started by hand into a run, loads over the stream)."""
         from fleetrl.clients.inference import InferenceClient
         from fleetrl.clients.inference_engine import RemoteEngineClient
         from fleetrl.weights.vllm_gloo import BACKEND
@@ -192,14 +196,13 @@ class EnginePusher:
         self._clients[target.name] = client
         self._engine_clients[target.name] = RemoteEngineClient(client, self._loop, BACKEND, self.timeout_s)
         self._addresses[target.name] = target.address
-        if target.workers > 0:
-            return target.workers
         status = asyncio.run_coroutine_threadsafe(client.status(timeout_s=self.timeout_s), self._loop)
         try:
-            return max(int(status.result(timeout=self.timeout_s + 5.0).workers), 1)
+            reply = status.result(timeout=self.timeout_s + 5.0)
         except Exception as exc:  # not answering: the build will fail on it and put it on probation
-            logger.warning("replica %s did not say its workers (%s): counted as 1", target.name, exc)
-            return 1
+            logger.warning("replica %s did not answer Status (%s): counted as a vLLM replica", target.name, exc)
+            return max(target.workers, 1), True
+        return target.workers or max(int(reply.workers), 1), reply.engine == "vllm"
 
     def _drop_client(self, name: str) -> None:
         self._addresses.pop(name, None)

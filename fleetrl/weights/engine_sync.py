@@ -8,7 +8,8 @@ seam, which a real run fills with a vLLM trainer engine (vLLM's "nccl", "nccl_m2
   (world size > 1) and the replica runs tensor parallel (the trainer sends its own shards and vLLM reshards them into
   its TP layout, no full gather); "nccl" (a packed broadcast of full tensors) for any other GPU replica; "fleetrl_gloo"
   for a CPU replica in the engine tests; "fleetrl_zmq" (the weight stream) for a LoRA adapter, and wherever no
-  collective applies.
+  collective applies. A replica whose engine cannot join a group (hf: `ReplicaInfo.engine_group` False) is in the
+  fleet but never in the group: it loads every version over the stream, which counts as no fallback.
 - `EngineSync`: the replicas in the engine group and the version each serves. The group (one communicator) is
   built once, at the first push, and again only at the push after a replica joined or left, or after a transfer
   through it failed (it is unusable then); pushes in between reuse it. (A replica that joins mid-run is caught up
@@ -76,10 +77,12 @@ def choose_engine(layout: EngineLayout) -> str:
 
 @dataclass(frozen=True)
 class ReplicaInfo:
-    """A replica in the engine group: its name and how many workers (tensor-parallel ranks) receive."""
+    """A replica in the fleet: its name, how many workers (tensor-parallel ranks) receive, and whether its engine
+    can join a group at all (False: an hf replica, which always loads over the weight stream)."""
 
     name: str
     workers: int = 1
+    engine_group: bool = True
 
 
 class EngineTransport(Protocol):
@@ -141,7 +144,11 @@ class EngineSync:
 
     @property
     def needs_build(self) -> bool:
-        return self.group != tuple(self.replicas.values())
+        return self.group != self._capable()
+
+    def _capable(self) -> tuple[ReplicaInfo, ...]:
+        """The replicas the group is built for: those whose engine can join one."""
+        return tuple(r for r in self.replicas.values() if r.engine_group)
 
     def rank_offsets(self, replicas: Sequence[ReplicaInfo]) -> tuple[dict[str, int], int]:
         """Each replica's first rank (the trainer is rank 0; a replica's workers take consecutive ranks) and the
@@ -162,9 +169,12 @@ class EngineSync:
         on_probation = list(self.probation.values())  # before this push: those it drops wait for the next
         if not fleet and not on_probation:
             return outcome
-        if fleet and self.needs_build:
+        capable = self._capable()
+        if capable and self.needs_build:
             self._build(outcome)
-        members = [r.name for r in self.group or ()] if fleet else []
+        elif not capable:
+            self._drop_group()  # none left that can join one (the last vLLM replica left)
+        members = [r.name for r in self.group or ()] if capable else []
         if members:
             try:
                 self.transport.send(version)
@@ -220,7 +230,7 @@ class EngineSync:
 
     def _build(self, outcome: PushOutcome) -> None:
         self._drop_group()
-        replicas = tuple(self.replicas.values())
+        replicas = self._capable()
         offsets, world = self.rank_offsets(replicas)
         try:
             self.transport.build(replicas, offsets, world)
