@@ -215,10 +215,26 @@ class EnginePusher:
             except Exception:  # a channel that cannot close cleanly is dropped anyway
                 logger.debug("closing the channel to replica %s failed", name, exc_info=True)
 
+    def _serves(self, name: str) -> int | None:
+        """The version replica `name` reports it serves, or None when it does not answer."""
+        status = asyncio.run_coroutine_threadsafe(self._clients[name].status(timeout_s=self.timeout_s), self._loop)
+        try:
+            return int(status.result(timeout=self.timeout_s + 5.0).loaded_version)
+        except Exception:  # not answering: the caller's failure stands
+            return None
+
     def _stream_load(self, name: str, version: int) -> None:
         """The fallback: the replica loads `version` over the weight stream from this trainer (raises on failure)."""
         client = self._clients[name]
         coroutine = client.load_weights(version, self.weights_address, timeout_s=self.load_timeout_s)
-        result = asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=self.load_timeout_s + 30.0)
+        try:
+            result = asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout=self.load_timeout_s + 30.0)
+        except Exception:
+            # Refused because the replica already serves it (its engine update finished before the broadcast
+            # failed elsewhere, and the failure could not say so): served, not a replica to drop.
+            if self._serves(name) == version:
+                logger.info("replica %s already serves version %d: counted as served", name, version)
+                return
+            raise
         if result.version != version:
             raise RuntimeError(f"replica {name} reports version {result.version} after loading {version}")
