@@ -6,17 +6,19 @@ and the replicas it must reach (services/controller/orchestrator.py). The traine
 one that sends, so the group lives here: `EnginePusher.push` brings the membership of its
 `fleetrl.weights.engine_sync.EngineSync` up to the replicas named (a new one, or one at a new address, joins; one
 no longer named leaves; the group is built again at that push), then lets it push the version: through the group
-(`fleetrl.weights.vllm_gloo.GlooEngineTransport`, vLLM's public ``WeightTransferTrainerFactory.trainer_init`` over
-each replica's gRPC engine calls, `fleetrl.clients.inference_engine.RemoteEngineClient`), and over the weight stream
-(the replica's LoadWeights from this trainer's publisher) where the group cannot be built, a transfer through it
+(`fleetrl.weights.engine_transport.EngineGroupTransport`: vLLM's public ``WeightTransferTrainerFactory.trainer_init``
+over each replica's gRPC engine calls, `fleetrl.clients.inference_engine.RemoteEngineClient`), and over the weight
+stream (the replica's LoadWeights from this trainer's publisher) where the group cannot be built, a transfer through it
 failed, or a replica is not in it. A replica that cannot load either way is reported failed (the controller fences
 it, as for a failed LoadWeights).
 
 The bytes sent are the published version's served tensors (`WeightPublisher.version_tensors`: the served dtype,
 the same bytes the stream serves), held for the transfer, so the trainer may train the next step meanwhile
-(overlapped pushes). The engine is chosen from the layout (`choose_engine`); only "fleetrl_gloo" (CPU trainer, CPU
-replicas) is driven here: the GPU engines need a GPU to be built and tested, and fleetrl up refuses that layout at
-start (fleetrl.up.start_checks.check_weight_transport).
+(overlapped pushes). The engine is chosen from the layout (`choose_engine`): "fleetrl_gloo" with trainer and
+replicas on CPU, vLLM's "nccl" with both on CUDA (each tensor copied to the trainer's GPU as it is sent,
+`fleetrl.weights.engine_transport.OnDevice`); both go through the same `EngineGroupTransport` (vLLM's public
+``WeightTransferTrainerFactory.trainer_init``), so the CPU runs prove everything but vLLM's NCCL code itself. Other
+layouts are refused at start (fleetrl.up.start_checks.check_weight_transport) and here.
 
 Transport only (threads, an event loop for the gRPC clients); every decision is EngineSync's.
 """
@@ -36,7 +38,12 @@ import torch
 from fleetrl.weights.engine_sync import EngineLayout, EngineSync, PushOutcome, ReplicaInfo, choose_engine
 from fleetrl.weights.gather import ShardedWeights
 
-__all__ = ["EnginePushResult", "EnginePusher", "EngineTarget"]
+__all__ = ["DRIVEN_ENGINES", "EnginePushResult", "EnginePusher", "EngineTarget"]
+
+# The engines fleetrl up drives: rank 0 sends its published snapshot (full tensors) to every replica's workers.
+# "nccl_m2n" (every trainer rank sending its own shards) and "ipc" (a colocated replica) have their init info built
+# and tested (fleetrl.weights.engine_init) but are not wired into the trainer service.
+DRIVEN_ENGINES = ("fleetrl_gloo", "nccl")
 
 logger = logging.getLogger(__name__)
 
@@ -74,26 +81,21 @@ class EnginePusher:
         auth_token: str | None = None,
         host: str = "127.0.0.1",
         trainer_device: str = "cpu",
+        replica_device: str | None = None,
         timeout_s: float = 60.0,
         load_timeout_s: float = 300.0,
         bucket_bytes: int | None = None,
     ) -> None:
-        self.engine_name = choose_engine(EngineLayout(trainer_device, "cpu"))
-        if self.engine_name != "fleetrl_gloo":
+        self.engine_name = choose_engine(EngineLayout(trainer_device, replica_device or trainer_device))
+        if self.engine_name not in DRIVEN_ENGINES:
             raise ValueError(
-                f"weight_transport 'engine': the {self.engine_name!r} engine is not driven by fleetrl up yet (only "
-                "fleetrl_gloo, trainer and replicas on CPU)"
+                f"weight_transport 'engine': the {self.engine_name!r} engine is not driven by fleetrl up (only "
+                f"{', '.join(DRIVEN_ENGINES)}: trainer and replicas both on CPU, or both on CUDA)"
             )
-        from fleetrl.weights.vllm_gloo import DEFAULT_BUCKET_BYTES, GlooEngineTransport
+        from fleetrl.weights.engine_transport import EngineGroupTransport
+        from fleetrl.weights.vllm_gloo import DEFAULT_BUCKET_BYTES
 
-        class VersionTransport(GlooEngineTransport):
-            """GlooEngineTransport sending each version from its own source (set before the push)."""
-
-            def send(self, version: int) -> None:
-                if self.engine is not None:
-                    self.engine.source = self.source
-                super().send(version)
-
+        self.trainer_device = trainer_device
         self.tensors_of = tensors_of
         self.weights_address = weights_address
         self.auth_token = auth_token
@@ -105,10 +107,11 @@ class EnginePusher:
         self._clients: dict[str, Any] = {}  # name -> InferenceClient (gRPC, on self._loop)
         self._engine_clients: dict[str, Any] = {}  # name -> RemoteEngineClient (the transport reads this dict)
         self._addresses: dict[str, str] = {}
-        self.transport = VersionTransport(
+        self.transport = EngineGroupTransport(
             self._engine_clients,
             ShardedWeights({}),
             self._stream_load,
+            engine=self.engine_name,
             host=host,
             bucket_bytes=bucket_bytes or DEFAULT_BUCKET_BYTES,
             timeout_s=timeout_s,
@@ -123,7 +126,7 @@ class EnginePusher:
             started = time.perf_counter()
             self._follow_fleet(targets)
             tensors = self.tensors_of(version)
-            self.transport.source = ShardedWeights(tensors)
+            self.transport.source = self._source(tensors)
             try:
                 outcome = self.sync.push(version)
             finally:
@@ -157,6 +160,15 @@ class EnginePusher:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _source(self, tensors: Mapping[str, torch.Tensor]) -> Any:
+        """The version as the engine sends it: under NCCL each tensor goes to the trainer's GPU as it is sent."""
+        source = ShardedWeights(tensors)
+        if self.engine_name == "nccl":
+            from fleetrl.weights.engine_transport import OnDevice
+
+            return OnDevice(source, self.trainer_device)
+        return source
+
     def _follow_fleet(self, targets: Sequence[EngineTarget]) -> None:
         """The group's membership follows the replicas named: a new one (or one at a new address: restarted)
         joins, one not named leaves; either way the group is built again at this push. One the sync put on
@@ -187,14 +199,13 @@ class EnginePusher:
         hf replica, started by hand into a run, loads over the stream)."""
         from fleetrl.clients.inference import InferenceClient
         from fleetrl.clients.inference_engine import RemoteEngineClient
-        from fleetrl.weights.vllm_gloo import BACKEND
 
         async def open_client() -> InferenceClient:  # a grpc.aio channel belongs to the loop that opens it
             return InferenceClient(target.address, auth_token=self.auth_token)
 
         client = asyncio.run_coroutine_threadsafe(open_client(), self._loop).result(timeout=30.0)
         self._clients[target.name] = client
-        self._engine_clients[target.name] = RemoteEngineClient(client, self._loop, BACKEND, self.timeout_s)
+        self._engine_clients[target.name] = RemoteEngineClient(client, self._loop, self.engine_name, self.timeout_s)
         self._addresses[target.name] = target.address
         status = asyncio.run_coroutine_threadsafe(client.status(timeout_s=self.timeout_s), self._loop)
         try:

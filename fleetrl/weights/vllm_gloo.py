@@ -52,6 +52,7 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from fleetrl.weights.bucket_wire import bucket_digest, pack_bucket, plan_buckets, unpack_bucket
 from fleetrl.weights.collective import _broadcast, _process_group, _shutdown, _store
+from fleetrl.weights.engine_transport import EngineGroupTransport
 from fleetrl.weights.gather import ShardedWeights, TensorMeta
 
 __all__ = [
@@ -371,23 +372,36 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
 class FanoutClient:
     """One ``VLLMWeightSyncClient`` over several replicas: every call goes to all of them at once (a group's
     rendezvous and its broadcast need every member inside the call together), the init giving each replica its own
-    ``rank_offset``; the first failure is raised once every call has returned or `timeout_s` has passed."""
+    ``rank_offset`` (where the engine's init info has one: "ipc" has none); the first failure is raised once every
+    call has returned or `timeout_s` has passed. `version`: the version being sent, for vLLM's engines, which call
+    ``update_weights`` and ``finish_weight_update`` without one (fleetrl's replicas label what they serve with it)."""
 
     def __init__(self, clients: Mapping[str, Any], rank_offsets: Mapping[str, int], timeout_s: float) -> None:
         self.clients = dict(clients)
         self.rank_offsets = dict(rank_offsets)
         self.timeout_s = timeout_s
+        self.version: int | None = None
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
-        self._all(lambda name, c: c.init_weight_transfer_engine({**init_info, "rank_offset": self.rank_offsets[name]}))
+        def init(name: str, client: Any) -> None:
+            if "rank_offset" in init_info:
+                client.init_weight_transfer_engine({**init_info, "rank_offset": self.rank_offsets[name]})
+            else:
+                client.init_weight_transfer_engine(dict(init_info))
+
+        self._all(init)
 
     def start_weight_update(self) -> None:
         self._all(lambda name, c: c.start_weight_update())
 
     def update_weights(self, update_info: Any) -> None:
+        if isinstance(update_info, dict) and "version" not in update_info and self.version is not None:
+            update_info = {**update_info, "version": self.version}
         self._all(lambda name, c: c.update_weights(update_info))
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
+        if weight_version is None and self.version is not None:
+            weight_version = str(self.version)
         self._all(lambda name, c: c.finish_weight_update(weight_version))
 
     def abort_weight_update(self) -> None:
@@ -396,7 +410,9 @@ class FanoutClient:
 
     def only(self, names: list[str]) -> FanoutClient:
         """The same client over `names` alone."""
-        return FanoutClient({n: self.clients[n] for n in names}, self.rank_offsets, self.timeout_s)
+        client = FanoutClient({n: self.clients[n] for n in names}, self.rank_offsets, self.timeout_s)
+        client.version = self.version
+        return client
 
     def _all(self, call: Any) -> None:
         """`call` on every replica at once; FanoutError (who failed, who succeeded) when any failed."""
@@ -418,11 +434,9 @@ class FanoutClient:
             pool.shutdown(wait=False)  # never wait for a replica that did not answer
 
 
-class GlooEngineTransport:
-    """`fleetrl.weights.engine_sync.EngineTransport` through the "fleetrl_gloo" engines: `build` creates the trainer
-    engine through vLLM's public ``WeightTransferTrainerFactory.trainer_init`` over a `FanoutClient` of the group's
-    replicas, `send` sends one version from `source` (the model's `ShardedWeights`, replayed every version),
-    `stream_load` is the caller's load of one replica over the weight stream (the fallback)."""
+class GlooEngineTransport(EngineGroupTransport):
+    """`fleetrl.weights.engine_transport.EngineGroupTransport` with the "fleetrl_gloo" engine (the CPU flow): the
+    same build, send, abort and stream fallback as vLLM's GPU engines."""
 
     def __init__(
         self,
@@ -435,44 +449,16 @@ class GlooEngineTransport:
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         timeout_s: float = 60.0,
     ) -> None:
-        self.clients = clients
-        self.source = source
-        self._stream_load = stream_load
-        self.host = host
-        self.rank = rank
-        self.bucket_bytes = bucket_bytes
-        self.timeout_s = timeout_s
-        self.engine: GlooTrainerWeightTransferEngine | None = None
-        self.groups_built = 0
-
-    def build(self, replicas: Any, rank_offsets: dict[str, int], world_size: int) -> None:
-        self.teardown()
-        self.groups_built += 1
-        info = GlooTrainerInitInfo(
-            self.host,
-            0,
-            world_size,
-            group_name=f"fleetrl-gloo-{self.groups_built}",
-            bucket_bytes=self.bucket_bytes,
-            timeout_s=self.timeout_s,
-            rank=self.rank,
+        super().__init__(
+            clients,
+            source,
+            stream_load,
+            engine=BACKEND,
+            host=host,
+            rank=rank,
+            bucket_bytes=bucket_bytes,
+            timeout_s=timeout_s,
         )
-        client = FanoutClient({r.name: self.clients[r.name] for r in replicas}, rank_offsets, self.timeout_s + 10.0)
-        self.engine = WeightTransferTrainerFactory.trainer_init(info, client=client, source=self.source)
-
-    def send(self, version: int) -> None:
-        if self.engine is None:
-            raise EngineTransferFailed("no engine group is up")
-        self.engine.version = version
-        self.engine.send_weights()
-
-    def teardown(self) -> None:
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
-
-    def stream_load(self, replica: str, version: int) -> None:
-        self._stream_load(replica, version)
 
 
 def register() -> None:
