@@ -179,11 +179,13 @@ def check_inputs(run: Config, up: UpConfig, config_dir: Path, rollout_factory: A
 
 
 def check_weight_transport(run: Config, up: UpConfig) -> None:
-    """``run.weight_transport = "engine"`` (fleetrl.weights.engine_push) is built for what can run here: vLLM
-    replicas, trainer and replicas on CPU (the "fleetrl_gloo" engine); any trainer world size (rank 0 sends its
-    published snapshot, which the sharded publish gathered already) and tensor-parallel size (each TP worker is a
-    rank of the group). Any other layout
-    is refused, naming the field, instead of silently loading over the weight stream."""
+    """``run.weight_transport = "engine"`` (fleetrl.weights.engine_push) is built for vLLM replicas with the trainer
+    and the replicas on the same kind of device: both on CPU (the "fleetrl_gloo" engine) or both on CUDA (vLLM's
+    "nccl" engine; trainer_gpus and inference_gpus are disjoint, so never "ipc"); any trainer world size (rank 0
+    sends its published snapshot, which the sharded publish gathered already) and tensor-parallel size (each TP
+    worker is a rank of the group). LoRA and relayed fan-out are refused by the run config. One end on a GPU and the
+    other not has no collective between them and is refused, naming the field, instead of silently loading over
+    the weight stream."""
     if run.weight_transport != "engine":
         return
     if up.engine != "vllm":
@@ -191,10 +193,16 @@ def check_weight_transport(run: Config, up: UpConfig) -> None:
             "run.weight_transport: 'engine' drives vLLM's weight-transfer engines and needs up.engine = 'vllm' (hf "
             "replicas load over the weight stream: weight_transport 'zmq')"
         )
-    if up.trainer_on_cuda or up.inference_gpus is not None:
+    if up.trainer_on_cuda and up.inference_gpus is None:
         raise ConfigError(
-            "run.weight_transport: 'engine' on GPUs (vLLM's nccl / nccl_m2n / ipc engines) is not built yet; on "
-            "CPU it runs the fleetrl_gloo engine. Use weight_transport 'zmq' or 'collective' on GPUs"
+            "up.inference_gpus: weight_transport 'engine' with the trainer on CUDA needs the replicas on GPUs too "
+            "(vLLM's nccl engine links two GPUs; CPU replicas load over the weight stream: weight_transport 'zmq')"
+        )
+    if up.inference_gpus is not None and not up.trainer_on_cuda:
+        raise ConfigError(
+            "up.trainer_gpus: weight_transport 'engine' with the replicas on GPUs needs the trainer on CUDA too "
+            "(vLLM's nccl engine links two GPUs; a CPU trainer feeds GPU replicas over the weight stream: "
+            "weight_transport 'zmq')"
         )
 
 

@@ -1,6 +1,7 @@
 """`run.weight_transport = "engine"` (fleetrl.weights.engine_push) is started only where it is built: vLLM replicas,
-on CPU, full fine-tuning, direct fan-out (any trainer world size, tensor-parallel replicas). Anything else is refused by
-`fleetrl up` with exit 2 and one line naming the field, before any service starts."""
+trainer and replicas both on CPU (fleetrl_gloo) or both on CUDA (vLLM's nccl), full fine-tuning, direct fan-out (any
+trainer world size, tensor-parallel replicas). Anything else is refused by `fleetrl up` with exit 2 and one line naming
+the field, before any service starts."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ ENGINE = {"weight_transport": "engine"}
     ("run", "up", "message"),
     [
         ({}, {"engine": "hf"}, "run.weight_transport: 'engine' drives vLLM's weight-transfer engines"),
-        ({}, {"engine": "vllm", "inference_gpus": [[0]]}, "run.weight_transport: 'engine' on GPUs"),
-        ({}, {"engine": "vllm", "trainer_gpus": [0]}, "run.weight_transport: 'engine' on GPUs"),
+        ({}, {"engine": "vllm", "inference_gpus": [[0]]}, "up.trainer_gpus: weight_transport 'engine' with the"),
+        ({}, {"engine": "vllm", "trainer_gpus": [0]}, "up.inference_gpus: weight_transport 'engine' with the"),
     ],
-    ids=["hf-replicas", "replica-gpus", "trainer-gpus"],
+    ids=["hf-replicas", "gpu-replicas-cpu-trainer", "gpu-trainer-cpu-replicas"],
 )
 def test_an_engine_transport_layout_not_built_is_refused_naming_the_field(
     tmp_path, capsys, monkeypatch, run, up, message
@@ -48,4 +49,17 @@ def test_an_engine_transport_with_lora_or_relays_is_refused_naming_the_field(tmp
     ids=["two-replicas", "two-trainer-ranks", "tensor-parallel"],
 )
 def test_an_engine_transport_with_vllm_replicas_on_cpu_starts(tmp_path, capsys, monkeypatch, up):
+    starts(set_fields(write_config(tmp_path), ENGINE, {"engine": "vllm", **up}), capsys, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "up",
+    [
+        {"trainer_gpus": [0], "inference_gpus": [[1]]},
+        {"trainer_gpus": [0], "inference_gpus": [[1], [2]], "replicas": 2},
+        {"trainer_gpus": [0, 1], "trainer_procs": 2, "inference_gpus": [[2, 3]], "inference_tensor_parallel_size": 2},
+    ],
+    ids=["one-replica", "two-replicas", "sharded-trainer-tp-replica"],
+)
+def test_an_engine_transport_with_trainer_and_vllm_replicas_on_gpus_starts(tmp_path, capsys, monkeypatch, up):
     starts(set_fields(write_config(tmp_path), ENGINE, {"engine": "vllm", **up}), capsys, monkeypatch)
