@@ -6,11 +6,12 @@ creates the trainer engine through vLLM's public ``WeightTransferTrainerFactory.
 of the group's replicas (which gives each replica its rank offset); `send` sends one version through it;
 `stream_load` is the caller's load of one replica over the weight stream (EngineSync's fallback).
 
-A failed send (a replica died mid-broadcast, a peer silent past the timeout) leaves the communicator broken: under
-NCCL a collective on it would hang or the watchdog would abort the trainer. So the transport aborts it at once,
-before it returns the failure (and so before EngineSync loads anyone over the stream), through what vLLM's trainer
-engine offers: each communicator's ``destroy()`` (vLLM's `PyNcclCommunicator.destroy`: ``ncclCommAbort`` on a daemon
-thread with a timeout, safe during an uncoordinated failure), not the engine's ``shutdown()`` (nccl_m2n's
+A failed send (a replica died mid-broadcast, a peer silent past the timeout; vLLM's NCCL sends run under a deadline,
+`transfer_timeout_s` of the version's bytes, since a broadcast to a dead peer never returns) leaves the communicator
+broken: under NCCL a collective on it would hang or the watchdog would abort the trainer. So the transport aborts it
+at once, before it returns the failure (and so before EngineSync loads anyone over the stream), through what vLLM's
+trainer engine offers: each communicator's ``destroy()`` (vLLM's `PyNcclCommunicator.destroy`: ``ncclCommAbort`` on
+a daemon thread with a timeout, safe during an uncoordinated failure), not the engine's ``shutdown()`` (nccl_m2n's
 synchronizes the device and joins the thread still blocked in the dead collective). The engine is then dropped:
 nothing is ever sent on that group again, and EngineSync builds a new one at the next push. fleetrl's own gloo
 engine has already shut its group down when it raises; its ``shutdown()`` is its abort.
@@ -19,18 +20,27 @@ engine has already shut its group down when it raises; its ``shutdown()`` is its
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fleetrl.weights.engine_init import EngineGroupPlan, free_port, trainer_init_info
 
-__all__ = ["COMMUNICATOR_ATTRS", "EngineGroupTransport", "OnDevice", "abort_engine", "engine_trainer_init"]
+__all__ = [
+    "COMMUNICATOR_ATTRS",
+    "WATCHED_ENGINES",
+    "EngineGroupTransport",
+    "OnDevice",
+    "abort_engine",
+    "engine_trainer_init",
+]
 
 logger = logging.getLogger(__name__)
 
 # Where vLLM's trainer engines hold their communicator: NCCLTrainerWeightTransferEngine.model_update_group,
 # M2NTrainerWeightTransferEngine.group (both PyNcclCommunicator; IPC holds none).
 COMMUNICATOR_ATTRS = ("model_update_group", "group")
+WATCHED_ENGINES = ("nccl", "nccl_m2n")  # sends that a dead peer blocks forever, so they run under a deadline
 
 
 class OnDevice:
@@ -148,13 +158,44 @@ class EngineGroupTransport:
         self.engine.version = version  # fleetrl_gloo labels the version itself
         self.client.version = version  # vLLM's engines call finish_weight_update() without one
         try:
-            self.engine.send_weights()
+            self._send_watched(self.engine)
         except Exception:
             self.abort()
             raise
         finally:
             if self.engine is not None:
                 self.engine.source = None  # the version's tensors are not held past its send
+
+    def _send_watched(self, engine: Any) -> None:
+        """``send_weights`` under a deadline for vLLM's NCCL engines: their broadcast to a dead peer never returns
+        (vLLM checks the replicas' ``update_weights`` only after it), so past the deadline the send is given up
+        and the caller aborts the communicator, which fails the blocked collective. fleetrl's gloo engine bounds
+        every broadcast itself."""
+        if self.engine_name not in WATCHED_ENGINES:
+            engine.send_weights()
+            return
+        from fleetrl.weights.timeouts import transfer_timeout_s
+        from fleetrl.weights.vllm_gloo import EngineTransferFailed
+
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                engine.send_weights()
+            except BaseException as exc:  # handed to the caller's thread
+                errors.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="fleetrl-engine-send", daemon=True).start()
+        deadline_s = transfer_timeout_s(self.timeout_s, int(getattr(engine.source, "total_bytes", 0) or 0))
+        if not done.wait(deadline_s):
+            raise EngineTransferFailed(
+                f"the send through the {self.engine_name} group did not end in {deadline_s:.0f} s"
+            )
+        if errors:
+            raise errors[0]
 
     def abort(self) -> None:
         """After a failed send: the communicator torn down, the engine dropped (never sent on again)."""

@@ -8,6 +8,8 @@ tests/integration/inference/test_vllm_engine_group.py and tests/integration/up/t
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from vllm.distributed.weight_transfer.m2n_trainer import M2NTrainerInitInfo
@@ -22,19 +24,24 @@ class Communicator:
     def __init__(self, events: list[str], group: int) -> None:
         self.events = events
         self.group = group
+        self.destroyed = threading.Event()
 
     def destroy(self) -> None:
         self.events.append(f"destroy g{self.group}")
+        self.destroyed.set()
 
 
 class ScriptedEngine:
     """A vLLM-shaped trainer engine: calls the client as vLLM's nccl engine does (finish without a version);
     `fail` makes its send raise after the update started (a replica died mid-broadcast)."""
 
-    def __init__(self, events: list[str], group: int, client, attr: str, fail: bool) -> None:
+    def __init__(self, events: list[str], group: int, client, attr: str, fail: bool, hang: bool = False) -> None:
         self.events, self.group_no, self.client, self.attr, self.fail = events, group, client, attr, fail
-        setattr(self, attr, Communicator(events, group))
+        self.hang = hang
+        self.communicator = Communicator(events, group)
+        setattr(self, attr, self.communicator)
         self.source = None
+        self.returned = threading.Event()
 
     def send_weights(self) -> None:
         self.events.append(f"send g{self.group_no}")
@@ -42,6 +49,13 @@ class ScriptedEngine:
             raise AssertionError("a send on a torn-down group")
         self.client.start_weight_update()
         self.client.update_weights({"names": [name for name, _ in self.source]})
+        if self.hang:  # a broadcast to a dead peer: returns only once its communicator is aborted
+            try:
+                if not self.communicator.destroyed.wait(60.0):
+                    raise AssertionError("the communicator was never aborted")
+                raise RuntimeError("NCCL error: communicator aborted")
+            finally:
+                self.returned.set()
         if self.fail:
             raise RuntimeError("NCCL error: remote process exited")
         self.client.finish_weight_update()
@@ -67,9 +81,17 @@ class Replica:
         self.events.append(f"{self.name} serves v{weight_version}")
 
 
-def scripted(engine: str, attr: str, fail_groups: set[int], replicas: tuple[str, ...] = ("r0", "r1")):
+def scripted(
+    engine: str,
+    attr: str,
+    fail_groups: set[int],
+    replicas: tuple[str, ...] = ("r0", "r1"),
+    hang_groups: frozenset[int] = frozenset(),
+    timeout_s: float = 60.0,
+):
     events: list[str] = []
     infos: list = []
+    engines: list[ScriptedEngine] = []
     clients = {n: Replica(n, events) for n in replicas}
 
     def trainer_init(init_info, *, client, source):
@@ -77,14 +99,22 @@ def scripted(engine: str, attr: str, fail_groups: set[int], replicas: tuple[str,
         group = len(infos)
         events.append(f"build g{group}")
         client.init_weight_transfer_engine({"rank_offset": 1})  # as vLLM's engines do; the fan-out sets each one's
-        return ScriptedEngine(events, group, client, attr, group in fail_groups)
+        built = ScriptedEngine(events, group, client, attr, group in fail_groups, group in hang_groups)
+        engines.append(built)
+        return built
 
     def stream_load(name: str, version: int) -> None:
         events.append(f"{name} streams v{version}")
 
     transport = EngineGroupTransport(
-        clients, ShardedWeights({"w": torch.ones(2)}), stream_load, engine=engine, trainer_init=trainer_init
+        clients,
+        ShardedWeights({"w": torch.ones(2)}),
+        stream_load,
+        engine=engine,
+        trainer_init=trainer_init,
+        timeout_s=timeout_s,
     )
+    transport.scripted_engines = engines
     sync = EngineSync(transport)
     for name in replicas:
         sync.join(ReplicaInfo(name, workers=2 if name == "r0" else 1))
@@ -128,6 +158,19 @@ def test_a_failed_send_aborts_the_communicator_before_any_stream_load_and_never_
     assert sync.builds == 2 and sync.fallbacks == 1
     if engine == "nccl_m2n":
         assert isinstance(infos[1], M2NTrainerInitInfo) and infos[1].dst_mesh_dims == (1, 2)
+
+
+def test_a_send_that_never_returns_is_given_up_and_its_communicator_aborted_before_the_stream_fallback():
+    # A dead peer blocks vLLM's NCCL broadcast for good; the deadline (timeout_s plus the bytes at the floor rate)
+    # ends the wait, the abort fails the blocked collective, then the replicas load over the stream.
+    sync, transport, events, _ = scripted(
+        "nccl", "model_update_group", set(), hang_groups=frozenset({1}), timeout_s=0.2
+    )
+    outcome = sync.push(1)
+    assert "did not end" in outcome.error and outcome.stream == ["r0", "r1"], outcome
+    assert events.index("destroy g1") < min(i for i, e in enumerate(events) if "streams v1" in e), events
+    assert transport.scripted_engines[0].returned.wait(60.0)  # the stuck send thread was released by the abort
+    assert "shutdown g1" not in events and transport.aborts == 1
 
 
 def test_on_device_sends_each_tensor_on_the_device_and_keeps_the_metadata():
