@@ -50,6 +50,16 @@ __all__ = ["BACKEND", "LocalEngineClient", "StreamWeightTransferEngine", "Weight
 BACKEND = "fleetrl_zmq"
 
 
+def engine_update_dict(update_info_cls: type, update: dict[str, Any]) -> dict[str, Any]:
+    """The trainer's update dict as `update_info_cls` takes it: the "version" the trainer sends with every update
+    (fleetrl's own engines read it) is left out for an engine whose update info has no such field (vLLM's "nccl"
+    refuses unknown keys); any other key stays, so a wrong one is still refused by the engine's own parsing."""
+    fields = getattr(update_info_cls, "__dataclass_fields__", None)
+    if fields is not None and "version" not in fields:
+        return {k: v for k, v in update.items() if k != "version"}
+    return update
+
+
 @dataclass
 class StreamInitInfo(WeightTransferInitInfo):
     """Nothing to set up for the stream (each update names its stream or its staged copy). ``engine`` names a
@@ -108,7 +118,8 @@ class StreamWeightTransferEngine(LayerwiseReceiver, WeightTransferEngine[StreamI
                 )
             self.inner.set_weight_update_target(self.model, self.model_config)
             try:
-                self.inner.receive_weights(self.inner.parse_update_info(update_info.engine_update))
+                info = engine_update_dict(self.inner.update_info_cls, update_info.engine_update)
+                self.inner.receive_weights(self.inner.parse_update_info(info))
             except BaseException:
                 # The group broke mid-version (a peer died, a damaged bucket): finish the layerwise reload so the
                 # model is whole again (layers not reached keep their weights) and the stream fallback's own update
