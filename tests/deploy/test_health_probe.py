@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from grpc_health.v1 import health_pb2
@@ -15,7 +16,7 @@ from fleetrl.rpc import create_grpc_server
 from fleetrl.telemetry import start_metrics_server
 from tests.deploy.from_compose import load_compose
 from tests.deploy.localstack import REPO
-from tests.waiting import async_wait_until
+from tests.waiting import async_wait_until, wait_until
 
 
 async def start_server(token: str | None = "secret"):  # type: ignore[no-untyped-def]
@@ -122,6 +123,12 @@ def test_probe_targets_of_the_compose_commands():
         probe_target(["fleetrl", "serve", "nothing"])
 
 
+def _wait_exec(pid: int) -> None:
+    """Until the child has exec'd (its /proc cmdline names `serve`): right after fork it is empty or the parent's,
+    which the probe rightly refuses (seen under load)."""
+    wait_until(lambda: b"serve" in Path(f"/proc/{pid}/cmdline").read_bytes(), 30.0, f"process {pid} to exec")
+
+
 async def test_auto_reads_the_service_command_of_a_process(free_port):
     server, port, _ = await start_server()
     # A stand-in for the container's PID 1: its command line says which service and port.
@@ -129,11 +136,13 @@ async def test_auto_reads_the_service_command_of_a_process(free_port):
         [sys.executable, "-c", "import time; time.sleep(60)", "serve", "controller", "--grpc-port", str(port)]
     )
     try:
+        _wait_exec(proc.pid)
         assert await asyncio.to_thread(main, ["--auto", "--pid", str(proc.pid)]) == 0
         other = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)", "serve", "trainer", "--grpc-port", str(free_port)]
         )
         try:
+            _wait_exec(other.pid)
             assert await asyncio.to_thread(main, ["--auto", "--pid", str(other.pid)]) == 1
         finally:
             other.kill()
