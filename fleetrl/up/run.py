@@ -667,6 +667,8 @@ def _watch(
             code = child.poll()
             if code is None or child is controller:
                 continue
+            if child in sup.children:  # what the exited service started itself (vLLM's engine core) goes with it
+                sup.reap(child)
             if child.kind == "gateway":
                 if code == 0:
                     continue

@@ -66,6 +66,7 @@ class Supervisor:
         self.keep_fds = tuple(keep_fds)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: list[Child] = []
+        self._reaped: set[int] = set()  # ids of the exited children whose process group was killed
         self.env = {**os.environ, **(env or {})}
 
     def start(
@@ -148,6 +149,20 @@ class Supervisor:
                     message = f"{child.name} did not become ready: {peer.name} exited with code {code}"
                     raise ServiceFailed(peer, message) from None
 
+    def reap(self, child: Child) -> None:
+        """Kill what is left of an exited child's process group: the processes it started itself (vLLM's engine
+        core and workers, torchrun's ranks), which outlive a service killed by SIGKILL or the OOM killer (its own
+        PR_SET_PDEATHSIG reaches only it). Left alone they hold their memory, their ports and the run folder's lock
+        descriptor. Call it once the child has exited (a group with no process left is nothing to kill); once per child
+        (again is a no-op)."""
+        if child.poll() is None:
+            raise ValueError(f"reap: {child.name} is still running")
+        if id(child) in self._reaped:  # once: later, the exited child's pid may name another process's group
+            return
+        self._reaped.add(id(child))
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child.pid, signal.SIGKILL)
+
     def stop_all(self, grace_s: float = 10.0, patient: Mapping[str, float] | None = None) -> None:
         """Stop every live child one kind at a time, in STOP_ORDER (gateways, controller, trainer, reference,
         inference; other kinds after, newest first): SIGTERM, then SIGKILL after `grace_s`, or `patient[kind]`
@@ -169,6 +184,9 @@ class Supervisor:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(child.pid, signal.SIGKILL)
                     child.process.wait(timeout=10)
+        for child in self.children:  # what exited children left behind, the ones that died earlier included
+            if child.poll() is not None:
+                self.reap(child)
 
 
 # Gateways first (no new rows), then the controller (it finishes its step in flight while the trainer and the

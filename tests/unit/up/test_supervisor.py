@@ -101,3 +101,41 @@ def test_the_controller_gets_no_patience_once_the_trainer_has_crashed(tmp_path):
         for c in (trainer, controller):
             c.process.kill()
             c.process.wait(timeout=30)
+
+
+# A service that starts a process of its own (as vLLM starts its engine core), writes its pid, then waits.
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+open(sys.argv[1], "w").write(str(child.pid))
+time.sleep(300)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_killed_service_leaves_no_process_of_its_own_behind(tmp_path):
+    """A replica killed by SIGKILL (the OOM killer, a kill test) used to leave vLLM's engine core and workers
+    running as orphans (1.7 GB each here), holding the run folder's lock descriptor. The supervisor reaps its group."""
+    sup = Supervisor(tmp_path)
+    pid_file = tmp_path / "grandchild.pid"
+    argv = [sys.executable, "-c", PARENT, str(pid_file)]
+    child = Child("inference-0", "inference", argv, tmp_path / "i.log", subprocess.Popen(argv, start_new_session=True))
+    sup.children.append(child)
+    wait_until(lambda: pid_file.exists() and pid_file.read_text(), 60, "the service's own process")
+    grandchild = int(pid_file.read_text())
+    with pytest.raises(ValueError, match="still running"):
+        sup.reap(child)
+    child.process.kill()
+    child.process.wait(timeout=30)
+    assert _alive(grandchild)  # the orphan outlives the service killed by SIGKILL
+    sup.reap(child)
+    wait_until(lambda: not _alive(grandchild), 30, "the orphan to be killed")
+    sup.reap(child)  # again: a no-op (the pid may since name another process's group)
+    sup.stop_all(grace_s=5)
