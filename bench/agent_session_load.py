@@ -13,9 +13,11 @@ instant scripted sampler (no model: what is measured is the session server, not 
 stall limit, `--stall-s` 30 s (keep it above uvicorn's 5 s keep-alive, which closes a client's pooled connection
 first, gently, as the defaults do; and above the longest a starved client takes between connecting and sending:
 on a loaded 2-core machine, 10 s limits expired sessions and cut connections before the bench's own calls came).
-Its sessions are held by the process for the whole run, as a rollout waiting on
-an agent that never comes back would hold them: only the idle limit frees them. Its RSS and descriptors are read
-from /proc.
+Its sessions are held by the process as a rollout waiting on an agent that never comes back would hold them: only
+the idle limit expires them. Once a session expired (or closed) the process drops it, as a rollout drops a sample
+that timed out, so the RSS is the server's own and not what rollouts kept to train on (each slow reader's session
+recorded its 120,000-token turn, ~3 MB); `--keep-sessions` holds every session to the end instead. Its RSS and
+descriptors are read from /proc.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def serve(args: argparse.Namespace) -> None:
         # The gateway's service shell gives freed heap pages back every FLEETRL_HEAP_TRIM_S (fleetrl.shell.heap);
         # the bench's server does the same unless --no-trim, so its RSS is what a gateway's would be.
         trimmer = asyncio.create_task(trim_heap_every(0 if args.no_trim else heap_trim_interval(), asyncio.Event()))
-        held = []  # abandoned sessions stay held, as a hung rollout would hold them
+        held = []  # abandoned sessions stay held, as a hung rollout would hold them (dropped once expired)
         print(json.dumps({"port": server.port, "key": server.api_key}), flush=True)
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
@@ -72,6 +74,8 @@ def serve(args: argparse.Namespace) -> None:
                 print(json.dumps([s.session_id for s in opened]), flush=True)
             elif command[0] == "stats":
                 server.sweep_if_due()
+                if not args.keep_sessions:  # a rollout drops a sample whose session expired or closed
+                    held = [s for s in held if server.sessions.get(s.session_id) is not None]
                 stats = {**server.stats, "tracked": server.sessions.tracked(), "connections": server.connections()}
                 print(json.dumps(stats), flush=True)
         trimmer.cancel()
@@ -85,9 +89,8 @@ class Server:
 
     def __init__(self, args: argparse.Namespace) -> None:
         command = [sys.executable, __file__, "--serve", "--model", args.model]
-        command += ["--idle-s", str(args.idle_s), "--stall-s", str(args.stall_s)] + (
-            ["--no-trim"] if args.no_trim else []
-        )
+        command += ["--idle-s", str(args.idle_s), "--stall-s", str(args.stall_s)]
+        command += (["--no-trim"] if args.no_trim else []) + (["--keep-sessions"] if args.keep_sessions else [])
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         hello = json.loads(self.proc.stdout.readline())
         self.port, self.key = hello["port"], hello["key"]
@@ -98,9 +101,12 @@ class Server:
         return json.loads(self.proc.stdout.readline())
 
     def figures(self) -> tuple[float, int]:
+        return self.status("VmRSS"), len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+
+    def status(self, field: str) -> float:
+        """A /proc/<pid>/status figure in MiB (VmRSS: now; VmHWM: the peak so far)."""
         status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        rss = next(int(x.split()[1]) for x in status.splitlines() if x.startswith("VmRSS:")) / 1024
-        return rss, len(os.listdir(f"/proc/{self.proc.pid}/fd"))
+        return next(int(x.split()[1]) for x in status.splitlines() if x.startswith(f"{field}:")) / 1024
 
     def url(self, session_id: str) -> str:
         return f"http://127.0.0.1:{self.port}/sessions/{session_id}/v1"
@@ -127,7 +133,9 @@ async def run(args: argparse.Namespace) -> None:
         rss, fds = server.figures()
         rows.append((phase, outcome, rss, fds))
         stats = server.ask("stats")
-        print(f"{phase:44s} {outcome:40s} rss {rss:7.1f} MiB  fds {fds:5d}  {json.dumps(stats)}", flush=True)
+        peak = server.status("VmHWM")
+        line = f"{phase:44s} {outcome:40s} rss {rss:7.1f} MiB (peak {peak:7.1f})  fds {fds:5d}  {json.dumps(stats)}"
+        print(line, flush=True)
 
     ask = {"model": "policy", "messages": [{"role": "user", "content": "hello"}]}
     try:
@@ -190,7 +198,7 @@ async def run(args: argparse.Namespace) -> None:
                     f"{head}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
                 )
                 readers.append(sock)
-            record(f"{args.slow_readers} readers of ~5 MB replies that read nothing", f"round {round_ + 1}")
+            record(f"{args.slow_readers} readers of ~10 MB replies that read nothing", f"round {round_ + 1}")
             stats = await settle(server, args.stall_s * 4 + args.idle_s * 3)
             record("  after the stall limit", f"{stats.get('connections_stalled', 0)} cut off")
             for sock in readers:
@@ -267,6 +275,11 @@ def main() -> None:
     p.add_argument("--idle-s", type=float, default=60.0)
     p.add_argument("--stall-s", type=float, default=30.0)
     p.add_argument("--no-trim", action="store_true", help="the server does not trim its heap (the shell's default)")
+    p.add_argument(
+        "--keep-sessions",
+        action="store_true",
+        help="the server's process holds every session to the end (default: drops each once it expired or closed)",
+    )
     args = p.parse_args()
     if args.model is None:
         from fleetrl.tiny_model import build_tiny_model
