@@ -8,6 +8,13 @@ after `session_idle_timeout_s`), the body's size (413 over `session_max_body_byt
 a byte is read, else as it arrives), a body that stops arriving (408), JSON (400). The connection itself is watched
 by `guarded_protocol`: past `max_connections` a new one is closed as it is accepted, and one that stalls (no
 complete request, or a reply its reader takes none of) for `stall_timeout_s` is aborted, its file descriptor freed.
+
+A reply is rendered as soon as the model's answer is in, within the same step of the event loop, so its per-token
+objects (a logprob entry per generated token: ~50 MB of Python objects for 120,000 tokens) never wait across an
+await beside other calls' own; it then goes out through the ASGI send in pieces of `REPLY_CHUNK_BYTES`, before each
+of which uvicorn waits for the connection's transport to drain below its high-water mark (flow control). A reader
+that takes none of a long reply so leaves at most a piece or two in its transport, where a reply sent as one message
+was copied whole into the transport's buffer (on top of the body the response held while it was written).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from fleetrl.agent_session import AgentSession, SessionError
@@ -30,6 +37,7 @@ if TYPE_CHECKING:
     from fleetrl.gateway.session_server import SessionServer
 
 log = logging.getLogger(__name__)
+REPLY_CHUNK_BYTES = 64 * 1024
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -78,9 +86,29 @@ def _too_large(size: str, max_bytes: int) -> JSONResponse:
     return error(413, f"the body is {size}; a session request holds at most {max_bytes} bytes (session_max_body_bytes)")
 
 
-async def _events(events: list[str]) -> AsyncIterator[str]:
-    for event in events:  # an async iterator: Starlette sends it on the event loop, not through a thread per chunk
-        yield event
+class ChunkedJSONResponse(JSONResponse):
+    """A JSON response sent through the ASGI send in pieces of `REPLY_CHUNK_BYTES` (its Content-Length the whole
+    body's), so the server's flow control paces it (see the module docstring)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        body = memoryview(self.body)
+        for start in range(0, max(len(body), 1), REPLY_CHUNK_BYTES):
+            end = start + REPLY_CHUNK_BYTES
+            await send({"type": "http.response.body", "body": bytes(body[start:end]), "more_body": end < len(body)})
+        if self.background is not None:
+            await self.background()
+
+
+async def _pieces(events: list[str]) -> AsyncIterator[bytes]:
+    """A stream's events, each in pieces of at most `REPLY_CHUNK_BYTES` (the first event with a reply's logprobs is
+    most of the reply); an event is let go of once it is sent. An async iterator: Starlette sends it on the event
+    loop, not through a thread per chunk."""
+    events.reverse()
+    while events:
+        data = memoryview(events.pop().encode())
+        for start in range(0, len(data), REPLY_CHUNK_BYTES):
+            yield bytes(data[start : start + REPLY_CHUNK_BYTES])
 
 
 def build_session_app(server: SessionServer) -> FastAPI:
@@ -114,29 +142,32 @@ def build_session_app(server: SessionServer) -> FastAPI:
             raise _Refused(error(400, "the body must be a JSON object"))
         return body
 
+    async def reply(body: dict[str, Any], session: AgentSession | None) -> Response:
+        """The call's response, rendered in the same step as the model's answer comes in (module docstring)."""
+        result = await server.chat(body, session)
+        if body.get("stream"):
+            options = body.get("stream_options") or {}
+            if not isinstance(options, dict):
+                return error(400, "stream_options: must be an object")
+            events = stream_events(result, include_usage=bool(options.get("include_usage")))
+            return StreamingResponse(_pieces(events), media_type="text/event-stream")
+        return ChunkedJSONResponse(result)
+
     async def respond(request: Request, session: AgentSession | None) -> Any:
         try:
             body = await parsed_body(request)
         except _Refused as refused:
             return refused.response
         try:
-            work = server.chat(body, session)
+            work = reply(body, session)
             if session is not None and session.context is not None:
-                result = await asyncio.create_task(work, context=session.context)
-            else:
-                result = await work
+                return await asyncio.create_task(work, context=session.context)
+            return await work
         except (ChatRequestError, SessionError, TypeError, ValueError) as exc:  # the request's fault (named)
             return error(400, str(exc))
         except Exception as exc:  # no replica, a failed call: the agent may retry
             log.warning("agent session call failed: %s", exc)
             return error(503, f"sampling failed: {exc}", "engine_error")
-        if body.get("stream"):
-            options = body.get("stream_options") or {}
-            if not isinstance(options, dict):
-                return error(400, "stream_options: must be an object")
-            events = stream_events(result, include_usage=bool(options.get("include_usage")))
-            return StreamingResponse(_events(events), media_type="text/event-stream")
-        return JSONResponse(result)
 
     async def session_chat(session_id: str, request: Request) -> Any:
         if not authorised(request):

@@ -235,6 +235,13 @@ class SessionServer:
         """Connections open to the server now (0 before it serves)."""
         return 0 if self._server is None else len(self._server.server_state.connections)
 
+    def unsent_bytes(self) -> int:
+        """Reply bytes the server's open connections hold in their transports, not yet taken by their readers."""
+        if self._server is None:
+            return 0
+        transports = (getattr(p, "transport", None) for p in self._server.server_state.connections)
+        return sum(t.get_write_buffer_size() for t in transports if t is not None)
+
     def forget(self, session: AgentSession) -> None:
         """Drop a finished session's record (its endpoint then answers 404)."""
         self.sessions.pop(session.session_id, None)
