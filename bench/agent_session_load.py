@@ -77,6 +77,9 @@ def serve(args: argparse.Namespace) -> None:
                 if not args.keep_sessions:  # a rollout drops a sample whose session expired or closed
                     held = [s for s in held if server.sessions.get(s.session_id) is not None]
                 stats = {**server.stats, "tracked": server.sessions.tracked(), "connections": server.connections()}
+                # what the connections' transports hold unsent (-1: a server from before it could say, to compare)
+                stats["unsent_bytes"] = getattr(server, "unsent_bytes", lambda: -1)()
+                stats["answered"] = sum(len(s.turns) for s in held)  # calls answered in the sessions still held
                 print(json.dumps(stats), flush=True)
         trimmer.cancel()
         await server.close()
@@ -185,6 +188,7 @@ async def run(args: argparse.Namespace) -> None:
         )
 
         for round_ in range(args.slow_rounds):
+            answered = server.ask("stats")["answered"]
             ids = server.ask(f"open {args.slow_readers}")
             readers = []
             for s in ids:
@@ -198,6 +202,9 @@ async def run(args: argparse.Namespace) -> None:
                     f"{head}Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
                 )
                 readers.append(sock)
+            deadline = time.monotonic() + args.stall_s
+            while server.ask("stats")["answered"] < answered + len(ids) and time.monotonic() < deadline:
+                await asyncio.sleep(0.5)  # until every reader's call was answered (its reply being written)
             record(f"{args.slow_readers} readers of ~10 MB replies that read nothing", f"round {round_ + 1}")
             stats = await settle(server, args.stall_s * 4 + args.idle_s * 3)
             record("  after the stall limit", f"{stats.get('connections_stalled', 0)} cut off")
