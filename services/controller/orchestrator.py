@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 GONE_CODES = tuple(grpc.StatusCode[name] for name in GONE_CODE_NAMES)
 
 
+STALL_WARN_S = 30.0
+"""No row reported and no step trained for this long: the controller warns (every as long again) until
+progress resumes or `stall_timeout_s` fails the run."""
+
+
 class RunFailed(RuntimeError):
     """The run cannot go on (trainer error, no replica, timeout); the message says which."""
 
@@ -157,6 +162,7 @@ class Orchestrator:
         self.trainer_waits = 0  # checks that found the trainer silent and waited for it (live_trainer_stub)
         every_s = 3 * config.heartbeat_interval_s  # gateways holding rows and silent: warned about (liveness)
         self.silent_holders = SilentLeaseHolders(quiet_s=every_s, every_s=every_s)
+        self._stall_warned_at: float | None = None  # when check_stalled last warned (None: progress since)
         self.error = ""
         self.last_metrics: dict[str, float] = {}
         self.step_sums = StepSums()  # every step's learning-curve figures, for counters (ControllerMetrics)
@@ -494,15 +500,33 @@ class Orchestrator:
 
     def check_stalled(self) -> None:
         """A run where no row is reported and no step trained for `stall_timeout_s` is hung: fail it, saying what
-        the pipeline looks like, instead of waiting forever."""
-        idle = self.clock() - self.last_progress
-        if idle <= self.stall_timeout_s:
-            return
+        the pipeline looks like, instead of waiting forever. Before that, from `STALL_WARN_S` of no progress on, warn
+        every `STALL_WARN_S` with the same picture (the liveness logger: `fleetrl up` shows it), so a run stuck for
+        half an hour (e.g. its only replica fenced) is visible from the first minute."""
         now = self.clock()
+        idle = now - self.last_progress
+        if idle <= min(STALL_WARN_S, self.stall_timeout_s):
+            self._stall_warned_at = None
+            return
+        picture = self._pipeline_picture(now)
+        if idle > self.stall_timeout_s:
+            raise RunFailed(
+                f"no row reported and no step trained for {idle:.0f} s (stall_timeout_s {self.stall_timeout_s:.0f}): "
+                f"{picture}"
+            )
+        if self._stall_warned_at is None or now - self._stall_warned_at >= STALL_WARN_S:
+            self._stall_warned_at = now
+            liveness_log.warning(
+                "no row reported and no step trained for %.0f s (the run fails at stall_timeout_s %.0f): %s",
+                idle,
+                self.stall_timeout_s,
+                picture,
+            )
+
+    def _pipeline_picture(self, now: float) -> str:
         replicas = self.members.alive("inference", now)
         snapshot = self.scheduler.snapshot()
-        raise RunFailed(
-            f"no row reported and no step trained for {idle:.0f} s (stall_timeout_s {self.stall_timeout_s:.0f}): "
+        return (
             f"{len(self.members.routable_replicas(now))} of {len(replicas)} live replicas routable, "
             f"{len(self.members.alive('gateway', now))} live gateways, {snapshot['rows_in_flight']} rows leased, "
             f"{snapshot['rows_queued']} queued, {snapshot['groups_pending']} groups waiting for a step, "
