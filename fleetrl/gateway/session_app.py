@@ -9,12 +9,14 @@ a byte is read, else as it arrives), a body that stops arriving (408), JSON (400
 by `guarded_protocol`: past `max_connections` a new one is closed as it is accepted, and one that stalls (no
 complete request, or a reply its reader takes none of) for `stall_timeout_s` is aborted, its file descriptor freed.
 
-A reply is rendered as soon as the model's answer is in, within the same step of the event loop, so its per-token
-objects (a logprob entry per generated token: ~50 MB of Python objects for 120,000 tokens) never wait across an
-await beside other calls' own; it then goes out through the ASGI send in pieces of `REPLY_CHUNK_BYTES`, before each
-of which uvicorn waits for the connection's transport to drain below its high-water mark (flow control). A reader
-that takes none of a long reply so leaves at most a piece or two in its transport, where a reply sent as one message
-was copied whole into the transport's buffer (on top of the body the response held while it was written).
+A reply goes out through the ASGI send in pieces of `REPLY_CHUNK_BYTES` (chunked transfer encoding), before each of
+which uvicorn waits for the connection's transport to drain below its high-water mark (flow control), so a reader
+that takes none of a long reply leaves at most a piece or two in its transport (a reply sent as one message was
+copied whole into the transport's buffer). The reply's JSON is rendered as the model's answer comes in, except what
+grows with its length: the per-token logprobs (`TokenLogprobs`: ~8 MB of JSON and ~50 MB of Python objects for
+120,000 tokens) and the token ids, logprobs and versions (`JSONList`), encoded a slice of tokens at a time as the
+pieces go out. What a slow reader makes the server hold is the rest (the message's text and a few fields) and a
+piece.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import asyncio
 import json
 import logging
 import secrets
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
@@ -31,6 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.requests import ClientDisconnect
 
 from fleetrl.agent_session import AgentSession, SessionError
+from fleetrl.gateway.session_server import JSONList, TokenLogprobs
 from fleetrl.openai_chat import ChatRequestError, stream_events
 
 if TYPE_CHECKING:
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 REPLY_CHUNK_BYTES = 64 * 1024
+Deferred = TokenLogprobs | JSONList
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -86,29 +91,43 @@ def _too_large(size: str, max_bytes: int) -> JSONResponse:
     return error(413, f"the body is {size}; a session request holds at most {max_bytes} bytes (session_max_body_bytes)")
 
 
-class ChunkedJSONResponse(JSONResponse):
-    """A JSON response sent through the ASGI send in pieces of `REPLY_CHUNK_BYTES` (its Content-Length the whole
-    body's), so the server's flow control paces it (see the module docstring)."""
+def deferred_parts(result: dict[str, Any]) -> dict[str, Deferred]:
+    """Put a marker string in place of each choice's `TokenLogprobs` and `JSONList` values in `result`; returns
+    them by their marker as JSON writes it (a NUL and a random id: no text a model or a caller sends can be taken
+    for one)."""
+    deferred: dict[str, Deferred] = {}
+    for choice in result.get("choices", ()):
+        for key, value in choice.items():
+            if isinstance(value, (TokenLogprobs, JSONList)):
+                marker = f"\x00fleetrl-deferred-{uuid.uuid4().hex}"
+                deferred[json.dumps(marker)] = value
+                choice[key] = marker
+    return deferred
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        body = memoryview(self.body)
-        for start in range(0, max(len(body), 1), REPLY_CHUNK_BYTES):
-            end = start + REPLY_CHUNK_BYTES
-            await send({"type": "http.response.body", "body": bytes(body[start:end]), "more_body": end < len(body)})
-        if self.background is not None:
-            await self.background()
+
+def expanded(text: str, deferred: dict[str, Deferred]) -> Iterator[str]:
+    """`text` (JSON, or server-sent events of JSON) in pieces, each marker replaced by its value's JSON."""
+    while True:
+        found = [(text.find(marker), marker) for marker in deferred if marker in text]
+        if not found:
+            break
+        at, marker = min(found)
+        head, text = text[:at], text[at + len(marker) :]  # the whole text is let go of here
+        yield head
+        del head
+        yield from deferred[marker].json_pieces()
+    yield text
 
 
-async def _pieces(events: list[str]) -> AsyncIterator[bytes]:
-    """A stream's events, each in pieces of at most `REPLY_CHUNK_BYTES` (the first event with a reply's logprobs is
-    most of the reply); an event is let go of once it is sent. An async iterator: Starlette sends it on the event
-    loop, not through a thread per chunk."""
-    events.reverse()
-    while events:
-        data = memoryview(events.pop().encode())
-        for start in range(0, len(data), REPLY_CHUNK_BYTES):
-            yield bytes(data[start : start + REPLY_CHUNK_BYTES])
+async def _pieces(texts: list[str], deferred: dict[str, Deferred]) -> AsyncIterator[bytes]:
+    """The reply's texts (its JSON, or its events) in UTF-8 pieces of about `REPLY_CHUNK_BYTES` (at most 4 x that),
+    each text let go of once sent. An async iterator: Starlette sends it on the event loop, not through a thread
+    per piece."""
+    texts.reverse()
+    while texts:
+        for part in expanded(texts.pop(), deferred):
+            for start in range(0, len(part), REPLY_CHUNK_BYTES):
+                yield part[start : start + REPLY_CHUNK_BYTES].encode()
 
 
 def build_session_app(server: SessionServer) -> FastAPI:
@@ -143,15 +162,17 @@ def build_session_app(server: SessionServer) -> FastAPI:
         return body
 
     async def reply(body: dict[str, Any], session: AgentSession | None) -> Response:
-        """The call's response, rendered in the same step as the model's answer comes in (module docstring)."""
+        """The call's response, sent in pieces with its logprobs encoded as they go (module docstring)."""
         result = await server.chat(body, session)
+        deferred = deferred_parts(result)
         if body.get("stream"):
             options = body.get("stream_options") or {}
             if not isinstance(options, dict):
                 return error(400, "stream_options: must be an object")
             events = stream_events(result, include_usage=bool(options.get("include_usage")))
-            return StreamingResponse(_pieces(events), media_type="text/event-stream")
-        return ChunkedJSONResponse(result)
+            return StreamingResponse(_pieces(events, deferred), media_type="text/event-stream")
+        text = json.dumps(result, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return StreamingResponse(_pieces([text], deferred), media_type="application/json")
 
     async def respond(request: Request, session: AgentSession | None) -> Any:
         try:

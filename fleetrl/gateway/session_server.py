@@ -50,6 +50,7 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import json
 import logging
 import os
 import secrets
@@ -58,8 +59,9 @@ import time
 import uuid
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from fleetrl.agent_session import AgentSession, ExactHistory, SessionTurn, appended_prompt, comparable_message
@@ -134,6 +136,44 @@ def session_port(port: int | None = None) -> int:
     if not 0 <= port <= 65535:
         raise ValueError(f"{SESSION_PORT_ENV}: {port} is not a port number (0 to 65535; 0 = a free port)")
     return port
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """A choice's `logprobs` object (`fleetrl.openai_chat.token_logprobs`) not built yet: its JSON is made a slice
+    of tokens at a time as the reply is sent (`json_pieces`), so the server never holds an object per generated
+    token for the whole reply (~50 MB of them for 120,000 tokens) nor its whole JSON (~8 MB) while a reader is slow.
+    """
+
+    tokenizer: Any
+    token_ids: Sequence[int]
+    logprobs: Sequence[float]
+
+    def json_pieces(self, tokens_per_piece: int = 1024) -> Iterator[str]:
+        """The object's compact JSON, `{"content":[...]}`, in pieces of `tokens_per_piece` entries."""
+        yield '{"content":['
+        for start in range(0, len(self.token_ids), tokens_per_piece):
+            end = start + tokens_per_piece
+            entries = token_logprobs(self.tokenizer, self.token_ids[start:end], self.logprobs[start:end])["content"]
+            text = json.dumps(entries, ensure_ascii=False, allow_nan=False, separators=(",", ":"))[1:-1]
+            yield text if start == 0 else "," + text
+        yield "]}"
+
+
+@dataclass(frozen=True)
+class JSONList:
+    """A reply's list of numbers (token ids, logprobs, versions) whose JSON is made a slice at a time as the reply
+    is sent (`json_pieces`), like `TokenLogprobs`."""
+
+    items: Sequence[Any]
+
+    def json_pieces(self, per_piece: int = 8192) -> Iterator[str]:
+        """The list's compact JSON in pieces of `per_piece` items."""
+        yield "["
+        for start in range(0, len(self.items), per_piece):
+            text = json.dumps(list(self.items[start : start + per_piece]), allow_nan=False, separators=(",", ":"))
+            yield text[1:-1] if start == 0 else "," + text[1:-1]
+        yield "]"
 
 
 def _first_connection(server_ref: weakref.ref[SessionServer]) -> None:
@@ -430,7 +470,9 @@ class SessionServer:
         return self._titos[key]
 
     async def chat(self, body: dict[str, Any], session: AgentSession | None) -> dict[str, Any]:
-        """A chat.completion body for `body`, the call recorded in `session`."""
+        """A chat.completion body for `body`, the call recorded in `session`. What grows with the reply's length
+        (a choice's `logprobs`, when asked for, and its token ids, logprobs and versions) is a `TokenLogprobs` or a
+        `JSONList`, which the HTTP edge encodes as it sends the reply (fleetrl.gateway.session_app)."""
         tools = body.get("tools") or None
         kwargs = {**self.chat_template_kwargs, **(body.get("chat_template_kwargs") or {})}
         prompt = None
@@ -461,9 +503,11 @@ class SessionServer:
             session.history = ExactHistory(history, [*prompt, *generated], tools)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if body.get("logprobs"):
-            choice["logprobs"] = token_logprobs(self.tokenizer, generated, c.inference_logprobs)
-        choice.update(token_ids=generated, token_logprobs=list(c.inference_logprobs), versions=list(c.versions))
-        choice["prompt_token_ids"] = prompt
+            choice["logprobs"] = TokenLogprobs(self.tokenizer, generated, c.inference_logprobs)
+        choice.update(
+            token_ids=JSONList(generated), token_logprobs=JSONList(c.inference_logprobs), versions=JSONList(c.versions)
+        )
+        choice["prompt_token_ids"] = JSONList(prompt)
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(generated)}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return chat_completion_body(self.model, [choice], usage)
