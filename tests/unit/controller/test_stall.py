@@ -19,16 +19,23 @@ class Clock:
         return self.now
 
 
-def test_no_progress_for_stall_timeout_fails_the_run(tmp_path):
-    clock = Clock()
+def _run_with_one_fenced_replica(
+    tmp_path, clock: Clock, *, stall_timeout_s: float, heartbeat_s: float
+) -> tuple[Orchestrator, RowScheduler, MemberRegistry]:
     scheduler = RowScheduler(
         DatasetCursor([{"q": i} for i in range(8)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
     )
-    members = MemberRegistry(heartbeat_timeout_s=30)
+    members = MemberRegistry(heartbeat_timeout_s=heartbeat_s)
     members.register("inference", "inference-0", "127.0.0.1:1", clock.now)
     members.fence("inference-0", "serves version 0")
-    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", stall_timeout_s=60)
+    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", stall_timeout_s=stall_timeout_s)
     orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=clock)
+    return orch, scheduler, members
+
+
+def test_no_progress_for_stall_timeout_fails_the_run(tmp_path):
+    clock = Clock()
+    orch, scheduler, members = _run_with_one_fenced_replica(tmp_path, clock, stall_timeout_s=60, heartbeat_s=30)
     scheduler.lease("gw", 1, now=clock.now)
     clock.now += 59
     orch.check_stalled()  # within the timeout: nothing happens
@@ -49,14 +56,7 @@ def test_a_stalled_run_is_warned_about_every_half_minute_long_before_it_fails(tm
     from fleetrl.services.controller.orchestrator import STALL_WARN_S
 
     clock = Clock()
-    scheduler = RowScheduler(
-        DatasetCursor([{"q": i} for i in range(8)], shuffle=False), OffPolicyGate(2, 2, 1), prompt_groups_per_step=2
-    )
-    members = MemberRegistry(heartbeat_timeout_s=10_000)
-    members.register("inference", "inference-0", "127.0.0.1:1", clock.now)
-    members.fence("inference-0", "did not answer Status")
-    config = ControllerConfig(run=Config(), rows_path="rows.jsonl", stall_timeout_s=1800)
-    orch = Orchestrator(config, scheduler, members, metrics_path=tmp_path / "m.jsonl", clock=clock)
+    orch, _, _ = _run_with_one_fenced_replica(tmp_path, clock, stall_timeout_s=1800, heartbeat_s=10_000)
     orch.rows_reported(0, clock.now)
 
     def warnings() -> list[str]:
