@@ -135,7 +135,10 @@ def test_a_killed_replica_leaves_the_group_and_the_run_finishes(tmp_path, tiny_m
     first = min(fell_back or without_it)
     after = [p for v, p in later.items() if v > first]
     assert after and max(p[3] for p in after) >= 2, pushes  # rebuilt
-    assert any(p[0] >= 1 and p[1] == 0 and p[2] == 0 for p in after), pushes  # through the rebuilt group
+    # Through the rebuilt group: the survivor, not over the stream. The dead replica may still be named (and fail,
+    # on probation, at once) in every later push while the controller has not yet seen it gone: how many steps that
+    # takes is timing (8 steps can finish within 1.5 s of the kill), so it is not asserted either way.
+    assert any(p[0] >= 1 and p[1] == 0 for p in after), pushes
     assert metrics[-1]["weights/engine_builds"] >= 2
     check_ledger(run_dir, steps=steps, groups_per_step=2)
 
